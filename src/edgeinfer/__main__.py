@@ -1,0 +1,5 @@
+"""Allow ``python -m edgeinfer``."""
+
+from edgeinfer.cli import main
+
+raise SystemExit(main())

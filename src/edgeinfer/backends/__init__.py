@@ -1,0 +1,54 @@
+"""Backends run a loaded model on a batch of numpy arrays.
+
+A backend knows nothing about requests, batching or transports: it gets one dict of concatenated input
+arrays and returns one dict of output arrays. Each backend lives in its own module, imported only when a
+model uses it, so a server without ONNX models never pays for importing ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from edgeinfer.config import ModelConfig
+from edgeinfer.protocol.types import TensorSpec
+
+
+class Backend(Protocol):
+    """A loaded model.
+
+    Threading: ``infer`` is called from worker threads, never on the event loop, and at most
+    ``max_concurrent_batches`` calls run at once; it may block and should release the GIL while it
+    computes. ``close`` is called once, after the last ``infer`` has returned.
+
+    Ownership: input arrays belong to the caller and are only read during the call; returned arrays
+    belong to the caller. BYTES tensors are numpy object arrays of ``bytes`` both ways.
+    """
+
+    platform: str
+    execution_provider: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def infer(
+        self, inputs: dict[str, np.ndarray], output_names: Sequence[str] | None
+    ) -> dict[str, np.ndarray]:
+        """Run the model; ``output_names`` None means every output."""
+        ...
+
+    def close(self) -> None:
+        """Free the model's memory."""
+        ...
+
+
+_BACKEND_MODULES = {"onnxruntime": "edgeinfer.backends.onnxruntime"}
+
+
+def load_backend(path: str, config: ModelConfig) -> Backend:
+    """Load the model file at ``path`` with the backend ``config.backend`` names."""
+    module = importlib.import_module(_BACKEND_MODULES[config.backend])
+    backend: Backend = module.load(path, config)
+    return backend

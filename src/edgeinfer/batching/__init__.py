@@ -1,0 +1,2 @@
+"""Dynamic batching: which queued requests run together (``policy``) and the queue that runs them
+(``batcher``)."""

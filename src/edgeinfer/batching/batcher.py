@@ -1,0 +1,236 @@
+"""The queue of one model version: it owns the pending requests, their futures and the timer.
+
+Requests are submitted from the event loop and get a future. Batches run in a thread pool, so the loop
+keeps decoding the next requests while the model computes. Nothing here polls: a batch starts when a
+request arrives or a batch finishes (if a slot is free and the policy says so), or when the timer for the
+policy's ``wake_at`` or the next deadline fires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from edgeinfer.batching.policy import BatchPolicy, Pending, next_batch, next_deadline, split_expired
+from edgeinfer.errors import EdgeInferError, InferenceFailed, ModelNotReady, RequestTimeout, ServerBusy
+
+Tensors = dict[str, np.ndarray]
+RunBatch = Callable[[Tensors, Sequence[str] | None], Tensors]
+
+
+@dataclass(slots=True, eq=False)
+class _Job:
+    inputs: Tensors
+    output_names: frozenset[str] | None
+    future: asyncio.Future[Tensors]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    max_queue_size: int = 512
+    max_concurrent_batches: int = 1
+    queue_timeout_s: float | None = None
+
+
+class Batcher:
+    """Merges compatible requests into batches and runs them with ``run`` in ``executor``."""
+
+    def __init__(
+        self,
+        name: str,
+        run: RunBatch,
+        policy: BatchPolicy,
+        limits: QueueLimits,
+        executor: Executor,
+    ) -> None:
+        self.name = name
+        self.policy = policy
+        self.limits = limits
+        self._run = run
+        self._executor = executor
+        self._pending: list[Pending] = []
+        self._running = 0
+        self._sequence = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def queue_length(self) -> int:
+        return len(self._pending)
+
+    @property
+    def running_batches(self) -> int:
+        return self._running
+
+    def submit(
+        self,
+        inputs: Tensors,
+        rows: int,
+        group: Hashable,
+        *,
+        output_names: frozenset[str] | None = None,
+        priority: int = 1,
+        timeout_s: float | None = None,
+    ) -> asyncio.Future[Tensors]:
+        """Queue one request; the future resolves to its outputs or raises the batch's error.
+
+        Cancelling the future (the client went away) takes the request out of the queue if it has not
+        started yet.
+        """
+        if self._closed:
+            raise ModelNotReady(f"model {self.name} is unloading and takes no new requests")
+        if len(self._pending) >= self.limits.max_queue_size:
+            raise ServerBusy(
+                f"model {self.name} has {len(self._pending)} requests queued, its limit "
+                f"(max_queue_size); retry later"
+            )
+        loop = self._loop or asyncio.get_running_loop()
+        self._loop = loop
+        now = loop.time()
+        deadline = _deadline(now, timeout_s, self.limits.queue_timeout_s)
+        future: asyncio.Future[Tensors] = loop.create_future()
+        item = Pending(
+            rows=rows,
+            group=group,
+            enqueued_at=now,
+            priority=priority,
+            deadline=deadline,
+            sequence=next(self._sequence),
+            payload=_Job(inputs, output_names, future),
+        )
+        self._pending.append(item)
+        self._idle.clear()
+        future.add_done_callback(partial(self._forget_if_cancelled, item))
+        self._schedule(now)
+        return future
+
+    async def drain(self) -> None:
+        """Refuse new requests and wait until every queued and running one is answered."""
+        self._closed = True
+        await self._idle.wait()
+
+    def _forget_if_cancelled(self, item: Pending, future: asyncio.Future[Tensors]) -> None:
+        if future.cancelled() and item in self._pending:
+            self._pending.remove(item)
+            self._schedule(None)
+
+    def _on_timer(self, when: float) -> None:
+        self._timer = None
+        assert self._loop is not None
+        # Timers may fire a hair early; treating now as the wake time avoids re-arming in a tight loop.
+        self._schedule(max(self._loop.time(), when))
+
+    def _schedule(self, now: float | None) -> None:
+        loop = self._loop
+        assert loop is not None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if now is None:
+            now = loop.time()
+        wake_at: float | None = None
+        while self._pending:
+            if self._running >= self.limits.max_concurrent_batches:
+                self._pending, expired = split_expired(self._pending, now)
+                self._expire(expired, now)
+                wake_at = next_deadline(self._pending)
+                break
+            decision = next_batch(self._pending, self.policy, now)
+            self._expire(decision.expired, now)
+            self._remove(decision.expired + decision.batch)
+            if not decision.batch:
+                wake_at = decision.wake_at
+                break
+            self._start(decision.batch)
+        if wake_at is not None:
+            self._timer = loop.call_at(wake_at, self._on_timer, wake_at)
+        self._update_idle()
+
+    def _remove(self, items: list[Pending]) -> None:
+        if items:
+            gone = {id(item) for item in items}
+            self._pending = [item for item in self._pending if id(item) not in gone]
+
+    def _expire(self, expired: list[Pending], now: float) -> None:
+        for item in expired:
+            job: _Job = item.payload  # type: ignore[assignment]
+            if not job.future.done():
+                waited_ms = (now - item.enqueued_at) * 1000
+                job.future.set_exception(
+                    RequestTimeout(
+                        f"request to model {self.name} timed out after {waited_ms:.1f} ms in the queue; "
+                        "it was not run"
+                    )
+                )
+
+    def _start(self, batch: list[Pending]) -> None:
+        assert self._loop is not None
+        self._running += 1
+        jobs: list[_Job] = [item.payload for item in batch]  # type: ignore[misc]
+        rows = [item.rows for item in batch]
+        output_names = _union_outputs(jobs)
+        done = self._loop.run_in_executor(self._executor, self._execute, jobs, rows, output_names)
+        done.add_done_callback(partial(self._finish, jobs))
+
+    def _execute(self, jobs: list[_Job], rows: list[int], output_names: list[str] | None) -> list[Tensors]:
+        """Runs in a worker thread: concatenate, run, split back by row counts."""
+        if len(jobs) == 1:
+            return [self._run(jobs[0].inputs, output_names)]
+        inputs = {name: np.concatenate([job.inputs[name] for job in jobs]) for name in jobs[0].inputs}
+        outputs = self._run(inputs, output_names)
+        total = sum(rows)
+        for name, array in outputs.items():
+            if array.ndim == 0 or array.shape[0] != total:
+                raise InferenceFailed(
+                    f"model {self.name} returned output {name!r} with shape {list(array.shape)} for a batch "
+                    f"of {total} rows; its first dimension must equal the rows to split it back"
+                )
+        bounds = list(itertools.accumulate(rows))[:-1]
+        split = {name: np.split(array, bounds) for name, array in outputs.items()}
+        return [{name: parts[index] for name, parts in split.items()} for index in range(len(jobs))]
+
+    def _finish(self, jobs: list[_Job], done: asyncio.Future[list[Tensors]]) -> None:
+        self._running -= 1
+        error: BaseException | None
+        if done.cancelled():
+            error = ModelNotReady(f"model {self.name} stopped before the batch finished")
+        else:
+            error = done.exception()
+        if error is not None:
+            if not isinstance(error, EdgeInferError):
+                error = InferenceFailed(f"model {self.name} failed: {type(error).__name__}: {error}")
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(error)
+        else:
+            for job, outputs in zip(jobs, done.result(), strict=True):
+                if not job.future.done():
+                    job.future.set_result(outputs)
+        self._schedule(None)
+
+    def _update_idle(self) -> None:
+        if not self._pending and self._running == 0:
+            self._idle.set()
+
+
+def _deadline(now: float, *timeouts_s: float | None) -> float | None:
+    given = [timeout for timeout in timeouts_s if timeout is not None]
+    return now + min(given) if given else None
+
+
+def _union_outputs(jobs: list[_Job]) -> list[str] | None:
+    names: set[str] = set()
+    for job in jobs:
+        if job.output_names is None:
+            return None
+        names |= job.output_names
+    return sorted(names)

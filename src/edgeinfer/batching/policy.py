@@ -1,0 +1,118 @@
+"""The batching decision as a pure function of (pending requests, policy, now).
+
+No event loop, no model, no clock: the batcher calls ``next_batch`` with what is queued and the current
+monotonic time, and the unit tests call it with hand-made lists. The rules follow Triton's dynamic
+batcher:
+
+* Requests are ordered by priority (lower first), then by arrival. The first one (the head) decides the
+  group: only requests whose non-batch shapes and datatypes equal the head's may join it. Requests of
+  other groups keep their places for a later batch.
+* Rows are counted, not requests. Requests join in order while the total stays within
+  ``max_batch_size``; the first one of the group that does not fit closes the batch (no overtaking).
+* A batch is sent when it is full, when a request of its group is left waiting because it did not fit,
+  when its rows reach the largest preferred batch size available, or when the head has waited
+  ``max_queue_delay_s``. Otherwise the batcher should look again at ``wake_at``.
+* A request whose deadline has passed is expired, never run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPolicy:
+    """How one model version batches. ``max_batch_size`` 0 means every request runs alone."""
+
+    max_batch_size: int
+    max_queue_delay_s: float = 0.0
+    preferred_batch_sizes: tuple[int, ...] = ()
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """A queued request as the policy sees it. ``group`` is equal for requests that can be merged."""
+
+    rows: int
+    group: Hashable
+    enqueued_at: float
+    priority: int = 1
+    deadline: float | None = None
+    sequence: int = 0
+    payload: object = field(default=None, repr=False)
+
+
+@dataclass(slots=True)
+class Decision:
+    batch: list[Pending]
+    expired: list[Pending]
+    wake_at: float | None
+
+
+def queue_order(pending: Pending) -> tuple[int, float, int]:
+    return (pending.priority, pending.enqueued_at, pending.sequence)
+
+
+def split_expired(pending: Sequence[Pending], now: float) -> tuple[list[Pending], list[Pending]]:
+    """(still waiting, expired) — a request expires when its deadline is at or before ``now``."""
+    alive, expired = [], []
+    for item in pending:
+        (expired if item.deadline is not None and item.deadline <= now else alive).append(item)
+    return alive, expired
+
+
+def next_deadline(pending: Sequence[Pending]) -> float | None:
+    deadlines = [item.deadline for item in pending if item.deadline is not None]
+    return min(deadlines) if deadlines else None
+
+
+def next_batch(pending: Sequence[Pending], policy: BatchPolicy, now: float) -> Decision:
+    """Decide what to run now; ``pending`` may be in any order."""
+    alive, expired = split_expired(pending, now)
+    if not alive:
+        return Decision([], expired, None)
+    ordered = sorted(alive, key=queue_order)
+    head = ordered[0]
+    limit = policy.max_batch_size
+    if limit <= 1 or head.rows >= limit:
+        return Decision([head], expired, None)
+
+    candidates: list[Pending] = []
+    rows = 0
+    blocked = False
+    for item in ordered:
+        if item.group != head.group:
+            continue
+        if rows + item.rows > limit:
+            blocked = True
+            break
+        candidates.append(item)
+        rows += item.rows
+
+    waited_enough = now - head.enqueued_at >= policy.max_queue_delay_s
+    if rows == limit or blocked or waited_enough:
+        return Decision(candidates, expired, None)
+
+    preferred = _preferred_prefix(candidates, policy.preferred_batch_sizes)
+    if preferred:
+        return Decision(preferred, expired, None)
+
+    wake_at = head.enqueued_at + policy.max_queue_delay_s
+    deadline = next_deadline(alive)
+    if deadline is not None:
+        wake_at = min(wake_at, deadline)
+    return Decision([], expired, wake_at)
+
+
+def _preferred_prefix(candidates: list[Pending], preferred: tuple[int, ...]) -> list[Pending]:
+    """The longest prefix whose rows equal one of the preferred sizes; empty if none does."""
+    if not preferred:
+        return []
+    best = 0
+    rows = 0
+    for count, item in enumerate(candidates, start=1):
+        rows += item.rows
+        if rows in preferred:
+            best = count
+    return candidates[:best]

@@ -1,0 +1,78 @@
+"""``edgeinfer`` command line: ``edgeinfer serve --config config.yaml`` and ``edgeinfer --version``.
+
+The CLI declares only the handful of flags that override the config file; every other option lives in
+the YAML (see ``config.py``). Exit codes: 0 normal stop, 1 a model failed to load, 2 bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from edgeinfer import __version__
+
+EXIT_MODEL_LOAD = 1
+EXIT_CONFIG = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgeinfer", description="A small, fast Open Inference Protocol server.")
+    parser.add_argument("--version", action="version", version=f"edgeinfer {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="serve models over HTTP",
+        description="Load every model, warm it up, and serve it. Flags override the config file.",
+    )
+    serve.add_argument("--config", metavar="PATH", help="YAML config file")
+    serve.add_argument("--model-repository", metavar="DIR", help="model repository (<model>/<version>/model.onnx)")
+    serve.add_argument("--host", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument("--http-port", type=int, metavar="PORT", help="HTTP port (default 8080)")
+    serve.add_argument("--grpc-port", type=int, metavar="PORT", help="gRPC port (default 8081)")
+    serve.add_argument("--metrics-port", type=int, metavar="PORT", help="Prometheus metrics port (default 8082)")
+    serve.add_argument(
+        "--log-level", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="default INFO"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "serve":
+        parser.print_help()
+        return EXIT_CONFIG
+    return serve(args)
+
+
+def serve(args: argparse.Namespace) -> int:
+    # Imported here so that `edgeinfer --version` and `--help` answer without loading the server.
+    from edgeinfer.config import load_config
+    from edgeinfer.errors import ConfigError, ModelLoadError
+    from edgeinfer.logs import setup_logging
+    from edgeinfer.server.app import Server
+
+    overrides = {
+        "model_store_path": args.model_repository,
+        "server.host": args.host,
+        "server.http_port": args.http_port,
+        "server.grpc_port": args.grpc_port,
+        "server.metrics_port": args.metrics_port,
+        "logging.level": args.log_level,
+    }
+    if args.config is None and args.model_repository is None:
+        print("edgeinfer serve: give --config PATH and/or --model-repository DIR", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        config = load_config(args.config, overrides)
+        setup_logging(config.logging.level, config.logging.format)
+        server = Server(config)
+        server.run()
+    except ConfigError as error:
+        print(f"edgeinfer: configuration error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    except ModelLoadError as error:
+        print(f"edgeinfer: {error}", file=sys.stderr)
+        return EXIT_MODEL_LOAD
+    return 0

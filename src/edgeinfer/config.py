@@ -1,0 +1,230 @@
+"""The configuration: frozen pydantic models loaded from YAML, with a few CLI overrides.
+
+Every key is declared once, here. Unknown keys and wrong types are startup errors that name the key (and
+the file); ``load_config`` turns pydantic's errors into one readable ``ConfigError``.
+
+Relative paths in a config file are resolved against the directory of that file, so a config can be
+moved together with its models and used from anywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from edgeinfer.errors import ConfigError
+
+GraphOptimizationLevel = Literal["disable", "basic", "extended", "all"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OnnxRuntimeConfig(_Frozen):
+    """``backend_config`` of an ONNX Runtime model."""
+
+    execution_providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    intra_op_num_threads: int = Field(0, ge=0, description="0 lets ONNX Runtime choose")
+    inter_op_num_threads: int = Field(0, ge=0, description="0 lets ONNX Runtime choose")
+    graph_optimization_level: GraphOptimizationLevel = "all"
+
+
+class ModelConfig(_Frozen):
+    """One model: where it is, how it runs, and how its requests are batched and queued."""
+
+    model_path: str | None = None
+    backend: Literal["onnxruntime"] = "onnxruntime"
+    version: str | None = None
+    backend_config: OnnxRuntimeConfig = OnnxRuntimeConfig()
+
+    max_batch_size: int | None = Field(
+        None, ge=0, description="rows per batch; 0 disables batching; unset: 8 if the model allows it"
+    )
+    batch_timeout_millis: float = Field(0.0, ge=0, description="longest wait of the oldest request")
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_concurrent_batches: int = Field(1, ge=1)
+    max_queue_size: int = Field(512, ge=1, description="queued requests (not rows) before 429")
+    queue_timeout_millis: float | None = Field(None, gt=0)
+    default_priority_level: int = Field(1, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _batch_timeout_aliases(cls, data: Any) -> Any:
+        """Accept ``max_batch_time`` (seconds) and ``max_queue_delay_ms`` as other servers spell it."""
+        if not isinstance(data, dict):
+            return data
+        given = [key for key in ("batch_timeout_millis", "max_batch_time", "max_queue_delay_ms") if key in data]
+        if len(given) > 1:
+            raise ValueError(f"give only one of {', '.join(given)}: they set the same batch timeout")
+        data = dict(data)
+        if "max_batch_time" in data:
+            seconds = data.pop("max_batch_time")
+            data["batch_timeout_millis"] = seconds * 1000 if isinstance(seconds, (int, float)) else seconds
+        if "max_queue_delay_ms" in data:
+            data["batch_timeout_millis"] = data.pop("max_queue_delay_ms")
+        return data
+
+    @field_validator("preferred_batch_sizes")
+    @classmethod
+    def _positive_sizes(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        if any(size < 1 for size in sizes):
+            raise ValueError("preferred batch sizes must be positive")
+        return tuple(sorted(set(sizes)))
+
+    @field_validator("version")
+    @classmethod
+    def _plain_version(cls, version: str | None) -> str | None:
+        if version is not None and (not version or "/" in version):
+            raise ValueError("a version must be a non-empty string without '/'")
+        return version
+
+
+class ServerConfig(_Frozen):
+    host: str = "0.0.0.0"
+    http_port: int = Field(8080, ge=0, le=65535)
+    grpc_port: int | None = Field(8081, ge=0, le=65535)
+    metrics_port: int | None = Field(8082, ge=0, le=65535)
+    workers: int = Field(1, ge=1)
+    max_request_size_mb: float = Field(64.0, gt=0)
+
+    @field_validator("workers")
+    @classmethod
+    def _one_worker(cls, workers: int) -> int:
+        if workers != 1:
+            raise ValueError("only workers: 1 is supported so far")
+        return workers
+
+    @property
+    def max_request_bytes(self) -> int:
+        return int(self.max_request_size_mb * 1024 * 1024)
+
+
+class LoggingConfig(_Frozen):
+    level: LogLevel = "INFO"
+    format: Literal["auto", "json", "text"] = "auto"
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, level: Any) -> Any:
+        return level.upper() if isinstance(level, str) else level
+
+
+class Config(_Frozen):
+    model_store_path: str | None = None
+    models: dict[str, ModelConfig] = {}
+    server: ServerConfig = ServerConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+    @field_validator("models")
+    @classmethod
+    def _model_names(cls, models: dict[str, ModelConfig]) -> dict[str, ModelConfig]:
+        for name in models:
+            if not name or "/" in name:
+                raise ValueError(f"model name {name!r} must be non-empty and contain no '/'")
+        return models
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read, override, validate and resolve a configuration. Raises ConfigError, never a traceback."""
+    raw: dict[str, Any] = {}
+    base_dir = Path.cwd()
+    source = "command line"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        raw = read_yaml_mapping(path)
+        base_dir = path.resolve().parent
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(raw, dotted, value)
+    config = parse(Config, raw, source)
+    return _resolve_paths(config, base_dir, source)
+
+
+def parse_model_config(raw: dict[str, Any], source: str) -> ModelConfig:
+    """Validate a per-model ``config.yaml`` of a model repository."""
+    for key in ("model_path", "version"):
+        if key in raw:
+            raise ConfigError(
+                f"{source}: '{key}' has no place in a repository model's config.yaml; "
+                "the model file is <model>/<version>/model.onnx"
+            )
+    return parse(ModelConfig, raw, source)
+
+
+def read_yaml_mapping(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, not {type(raw).__name__}")
+    return raw
+
+
+def parse(model: type[ModelT], raw: dict[str, Any], source: str) -> ModelT:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, source)) from None
+
+
+def describe_validation_error(exc: ValidationError, source: str) -> str:
+    """One line per problem: the dotted key, then what is wrong with it."""
+    lines = [f"{source}: invalid configuration"]
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        if error["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key")
+        elif error["type"] == "missing":
+            lines.append(f"  {key}: required key is missing")
+        else:
+            message = error["msg"].removeprefix("Value error, ")
+            lines.append(f"  {key}: {message} (got {error.get('input')!r})")
+    return "\n".join(lines)
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[leaf] = value
+
+
+def _resolve_paths(config: Config, base_dir: Path, source: str) -> Config:
+    models = {}
+    for name, model in config.models.items():
+        if model.model_path is None:
+            raise ConfigError(f"{source}: models.{name}.model_path: required key is missing")
+        if "://" in model.model_path:
+            raise ConfigError(f"{source}: models.{name}.model_path: remote paths are not supported yet")
+        path = (base_dir / model.model_path).resolve()
+        if not path.is_file():
+            raise ConfigError(f"{source}: models.{name}.model_path: model file {path} does not exist")
+        models[name] = model.model_copy(update={"model_path": str(path)})
+    store = config.model_store_path
+    if store is not None:
+        if "://" in store:
+            raise ConfigError(f"{source}: model_store_path: remote repositories are not supported yet")
+        resolved = (base_dir / store).resolve()
+        if not resolved.is_dir():
+            raise ConfigError(f"{source}: model_store_path: directory {resolved} does not exist")
+        store = str(resolved)
+    return config.model_copy(update={"models": models, "model_store_path": store})

@@ -1,0 +1,69 @@
+"""The exceptions the core raises; transports map them to status codes.
+
+    EdgeInferError
+    ├── ConfigError                      bad configuration (startup only)
+    ├── ModelLoadError                   a model file cannot be loaded or warmed up
+    ├── InvalidInput (ValueError)        the request is wrong: shape, dtype, name, JSON, size
+    │   └── PayloadTooLarge              the body is over the configured limit
+    ├── ModelNotFound (LookupError)      no such model or version
+    ├── ModelNotReady                    known, but not servable right now
+    ├── ServerBusy                       the model's queue is full; retry later
+    ├── RequestTimeout (TimeoutError)    the deadline passed before the request ran
+    ├── RequestCancelled                 the client went away before the request ran
+    └── InferenceFailed (RuntimeError)   the model raised while running a batch
+
+The core never mentions HTTP or gRPC. Each transport keeps one table from these classes to its own
+status codes and looks a raised error up along its MRO, so a new subclass inherits a sensible code.
+"""
+
+
+class EdgeInferError(Exception):
+    """Base of every error edgeinfer raises on purpose."""
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class ConfigError(EdgeInferError):
+    """The configuration cannot be used; raised before anything is served."""
+
+
+class ModelLoadError(EdgeInferError):
+    """A model could not be loaded or warmed up; the message says which file and why."""
+
+
+class InvalidInput(EdgeInferError, ValueError):
+    """The request does not fit the model or the protocol."""
+
+
+class PayloadTooLarge(InvalidInput):
+    """The request body is larger than ``server.max_request_size_mb``."""
+
+
+class ModelNotFound(EdgeInferError, LookupError):
+    """No model (or no such version of it) is known to the server."""
+
+
+class ModelNotReady(EdgeInferError):
+    """The model is known but cannot serve now (loading, unloading, failed)."""
+
+
+class ServerBusy(EdgeInferError):
+    """The model's queue is full. ``retry_after_s`` is a hint for the client."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RequestTimeout(EdgeInferError, TimeoutError):
+    """The request's deadline passed while it waited in the queue; it was not run."""
+
+
+class RequestCancelled(EdgeInferError):
+    """The client disconnected before the request ran; it was not run."""
+
+
+class InferenceFailed(EdgeInferError, RuntimeError):
+    """The model raised, or produced outputs that cannot be split back into requests."""

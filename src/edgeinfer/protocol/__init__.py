@@ -1,0 +1,1 @@
+"""Open Inference Protocol (KServe V2) types and codecs, independent of any transport."""

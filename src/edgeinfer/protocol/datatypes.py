@@ -1,0 +1,71 @@
+"""The V2 tensor datatypes and their numpy equivalents.
+
+BYTES tensors are numpy object arrays whose elements are ``bytes``; every other datatype maps to one
+fixed-size numpy dtype. ONNX Runtime's type strings (``tensor(float)``) map onto the same names.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgeinfer.errors import InvalidInput
+
+V2_TO_NUMPY: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
+}
+
+_NUMPY_TO_V2: dict[np.dtype, str] = {dtype: name for name, dtype in V2_TO_NUMPY.items()}
+
+ONNX_TO_V2: dict[str, str] = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}
+
+
+def numpy_dtype(datatype: str) -> np.dtype:
+    """The numpy dtype for a V2 datatype name; unknown names are the client's error."""
+    try:
+        return V2_TO_NUMPY[datatype]
+    except KeyError:
+        known = ", ".join(V2_TO_NUMPY)
+        raise InvalidInput(f"unknown datatype {datatype!r}; expected one of {known}") from None
+
+
+def v2_datatype(dtype: np.dtype) -> str:
+    """The V2 datatype name for a numpy dtype (``<U``/``S`` strings count as BYTES)."""
+    name = _NUMPY_TO_V2.get(dtype)
+    if name is not None:
+        return name
+    if dtype.kind in ("U", "S"):
+        return "BYTES"
+    raise TypeError(f"numpy dtype {dtype} has no Open Inference Protocol datatype")
+
+
+def element_size(datatype: str) -> int:
+    """Bytes per element in the raw binary layout; 0 for BYTES (variable length)."""
+    if datatype == "BYTES":
+        return 0
+    return numpy_dtype(datatype).itemsize

@@ -1,0 +1,256 @@
+"""The V2 JSON body: decoding requests into numpy arrays and encoding responses.
+
+Speed matters here more than anywhere: a request is parsed once by orjson, each tensor becomes a numpy
+array in one C-level call, and responses hand numpy arrays straight to orjson. No per-element Python
+loops except for BYTES, whose elements are Python strings anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import orjson
+
+from edgeinfer.errors import InvalidInput
+from edgeinfer.protocol.datatypes import numpy_dtype, v2_datatype
+from edgeinfer.protocol.types import InferRequest, InferResponse, Parameters, RequestedOutput
+
+_DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+def dumps(value: Any) -> bytes:
+    """Serialise a JSON value (numpy arrays allowed) to bytes."""
+    return orjson.dumps(value, option=_DUMPS_OPTIONS)
+
+
+def loads_object(body: bytes | bytearray | memoryview, what: str = "request body") -> dict[str, Any]:
+    """Parse a JSON object, turning every parse problem into an InvalidInput naming ``what``."""
+    if not body:
+        raise InvalidInput(f"{what} is empty; expected a JSON object")
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{what} must be a JSON object, not {_json_type(value)}")
+    return value
+
+
+def decode_request(body: bytes | bytearray | memoryview) -> InferRequest:
+    """Decode a V2 inference request whose tensors are all in JSON."""
+    document = loads_object(body)
+    return decode_request_object(document, binary_inputs=None)
+
+
+def decode_request_object(
+    document: dict[str, Any], binary_inputs: dict[str, np.ndarray] | None
+) -> InferRequest:
+    """Build an InferRequest from a parsed body; ``binary_inputs`` holds tensors already decoded."""
+    unknown = set(document) - {"id", "parameters", "inputs", "outputs"}
+    if unknown:
+        raise InvalidInput(f"unknown field(s) in inference request: {', '.join(sorted(unknown))}")
+    request_id = document.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput(f"'id' must be a string, not {_json_type(request_id)}")
+    parameters = _parameters(document.get("parameters"), "request 'parameters'")
+
+    raw_inputs = document.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInput("'inputs' must be a non-empty list of tensors")
+    inputs: dict[str, np.ndarray] = {}
+    input_parameters: dict[str, Parameters] = {}
+    for position, raw in enumerate(raw_inputs):
+        name, array, params = _decode_input(raw, position, binary_inputs)
+        if name in inputs:
+            raise InvalidInput(f"input {name!r} appears more than once")
+        inputs[name] = array
+        if params:
+            input_parameters[name] = params
+
+    outputs = _decode_requested_outputs(document.get("outputs"))
+    return InferRequest(
+        inputs=inputs,
+        id=request_id,
+        parameters=parameters,
+        outputs=outputs,
+        input_parameters=input_parameters,
+    )
+
+
+def decode_tensor_header(raw: Any, where: str) -> tuple[str, str, tuple[int, ...], Parameters]:
+    """Check a tensor's name, datatype, shape and parameters (shared by JSON and binary inputs)."""
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"{where} must be a JSON object, not {_json_type(raw)}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"{where} needs a 'name' string")
+    datatype = raw.get("datatype")
+    if not isinstance(datatype, str):
+        raise InvalidInput(f"input {name!r} needs a 'datatype' string (e.g. \"FP32\")")
+    numpy_dtype(datatype)  # raises a clear error for unknown names
+    shape = raw.get("shape")
+    if not isinstance(shape, list) or not all(
+        isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 for dim in shape
+    ):
+        raise InvalidInput(f"input {name!r}: 'shape' must be a list of non-negative integers, got {shape!r}")
+    parameters = _parameters(raw.get("parameters"), f"input {name!r} 'parameters'")
+    return name, datatype, tuple(shape), parameters
+
+
+def _decode_input(
+    raw: Any, position: int, binary_inputs: dict[str, np.ndarray] | None
+) -> tuple[str, np.ndarray, Parameters]:
+    name, datatype, shape, parameters = decode_tensor_header(raw, f"inputs[{position}]")
+    if binary_inputs is not None and name in binary_inputs:
+        return name, binary_inputs[name], parameters
+    if "data" not in raw:
+        raise InvalidInput(f"input {name!r} has no 'data'")
+    return name, json_to_array(name, datatype, shape, raw["data"]), parameters
+
+
+def json_to_array(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
+    """Turn JSON tensor data (flat or nested, row-major) into an array of ``shape``.
+
+    The element count is checked against the shape before numpy allocates anything, so a huge declared
+    shape with little data costs nothing.
+    """
+    expected = math.prod(shape)
+    if not isinstance(data, list):
+        data = [data]
+    if data and isinstance(data[0], list):
+        _check_nested_lengths(name, shape, data)
+    elif len(data) != expected:
+        raise InvalidInput(
+            f"input {name!r}: shape {list(shape)} needs {expected} elements but 'data' has {len(data)}"
+        )
+    dtype = numpy_dtype(datatype)
+    try:
+        if datatype == "BYTES":
+            array = _bytes_array(data)
+        else:
+            array = np.array(data, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InvalidInput(f"input {name!r}: data does not fit datatype {datatype}: {exc}") from None
+    if array.size != expected:
+        raise InvalidInput(
+            f"input {name!r}: shape {list(shape)} needs {expected} elements but 'data' has {array.size}"
+        )
+    return array.reshape(shape)
+
+
+def _check_nested_lengths(name: str, shape: tuple[int, ...], data: list[Any]) -> None:
+    """Compare the nesting of ``data`` (along its first elements) with ``shape``; numpy checks the rest."""
+    level: Any = data
+    for depth, dim in enumerate(shape):
+        if not isinstance(level, list):
+            break
+        if len(level) != dim:
+            raise InvalidInput(
+                f"input {name!r}: 'data' has {len(level)} elements at depth {depth} but shape "
+                f"{list(shape)} says {dim}"
+            )
+        if not level:
+            return
+        level = level[0]
+    if isinstance(level, list):
+        raise InvalidInput(f"input {name!r}: 'data' is nested deeper than shape {list(shape)}")
+
+
+def _bytes_array(data: list[Any]) -> np.ndarray:
+    flat = np.array(data, dtype=object).reshape(-1)
+    out = np.empty(flat.shape[0], dtype=object)
+    for index, element in enumerate(flat):
+        if isinstance(element, str):
+            out[index] = element.encode("utf-8")
+        else:
+            raise TypeError(f"BYTES elements must be strings in JSON, found {_json_type(element)}")
+    return out
+
+
+def _decode_requested_outputs(raw: Any) -> list[RequestedOutput] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise InvalidInput(f"'outputs' must be a list, not {_json_type(raw)}")
+    requested = []
+    for position, item in enumerate(raw):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidInput(f"outputs[{position}] must be an object with a 'name' string")
+        requested.append(
+            RequestedOutput(item["name"], _parameters(item.get("parameters"), f"output {item['name']!r}"))
+        )
+    return requested
+
+
+def _parameters(raw: Any, where: str) -> Parameters:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"{where} must be a JSON object, not {_json_type(raw)}")
+    return raw
+
+
+def encode_response(response: InferResponse) -> bytes:
+    """Encode a response with every output as JSON data."""
+    return dumps(response_document(response, binary=None))
+
+
+def response_document(response: InferResponse, binary: set[str] | None) -> dict[str, Any]:
+    """The JSON part of a response; outputs named in ``binary`` carry only their size."""
+    outputs = []
+    for name, array in response.outputs.items():
+        output: dict[str, Any] = {
+            "name": name,
+            "datatype": v2_datatype(array.dtype),
+            "shape": list(array.shape),
+        }
+        if binary is not None and name in binary:
+            output["parameters"] = {"binary_data_size": 0}  # filled in by the binary codec
+        else:
+            output["data"] = array_to_json(name, array)
+        outputs.append(output)
+    document: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+        "outputs": outputs,
+    }
+    if response.id is not None:
+        document["id"] = response.id
+    if response.parameters:
+        document["parameters"] = response.parameters
+    return document
+
+
+def array_to_json(name: str, array: np.ndarray) -> Any:
+    """Flat JSON data for an array: the array itself (orjson encodes it) or a list of strings."""
+    if array.dtype == object or array.dtype.kind in ("S", "U"):
+        return [_bytes_to_str(name, element) for element in array.reshape(-1)]
+    return np.ascontiguousarray(array).reshape(-1)
+
+
+def _bytes_to_str(name: str, element: Any) -> str:
+    if isinstance(element, bytes):
+        try:
+            return element.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInput(
+                f"output {name!r} holds bytes that are not UTF-8 text and cannot be sent as JSON; "
+                "ask for it with the binary data extension"
+            ) from None
+    return str(element)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"

@@ -1,0 +1,57 @@
+"""Transport-neutral request, response and metadata types.
+
+Every transport decodes into these and encodes from them; the core (``service.py``) sees nothing else.
+Tensors are numpy arrays: BYTES tensors are object arrays of ``bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Parameters = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One model input or output as the model declares it; -1 marks a dynamic dimension."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An output the client asked for, with its per-output parameters (e.g. ``binary_data``)."""
+
+    name: str
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """A decoded inference request. ``outputs`` is None when the client asked for every output."""
+
+    inputs: dict[str, np.ndarray]
+    id: str | None = None
+    parameters: Parameters = field(default_factory=dict)
+    outputs: list[RequestedOutput] | None = None
+    input_parameters: dict[str, Parameters] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    """The answer to one request: only the outputs it asked for, in model order."""
+
+    model_name: str
+    model_version: str
+    outputs: dict[str, np.ndarray]
+    id: str | None = None
+    parameters: Parameters = field(default_factory=dict)
+    requested: list[RequestedOutput] | None = None

@@ -1,0 +1,120 @@
+"""Loading one model version: backend, batching policy, warmup.
+
+Runs in a worker thread at startup (loading is blocking work); the result is a ``LoadedModel`` the
+registry wires to a batcher on the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgeinfer.backends import Backend, load_backend
+from edgeinfer.batching.policy import BatchPolicy
+from edgeinfer.errors import ModelLoadError
+from edgeinfer.protocol.datatypes import numpy_dtype
+from edgeinfer.protocol.types import TensorSpec
+from edgeinfer.repository.sources import ModelSource
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH_SIZE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    source: ModelSource
+    backend: Backend
+    policy: BatchPolicy
+    load_s: float
+    warmup_s: float
+
+
+def load_model(source: ModelSource) -> LoadedModel:
+    started = time.perf_counter()
+    backend = load_backend(source.path, source.config)
+    loaded_at = time.perf_counter()
+    try:
+        policy = batch_policy(source, backend)
+        warmup(backend, policy)
+    except ModelLoadError:
+        backend.close()
+        raise
+    finished = time.perf_counter()
+    log.info(
+        "loaded model %s version %s on %s in %.0f ms (warmup %.0f ms), max_batch_size %d",
+        source.name,
+        source.version,
+        backend.execution_provider,
+        (loaded_at - started) * 1000,
+        (finished - loaded_at) * 1000,
+        policy.max_batch_size,
+    )
+    return LoadedModel(source, backend, policy, loaded_at - started, finished - loaded_at)
+
+
+def can_batch(backend: Backend) -> bool:
+    """Batching needs a dynamic first dimension on every input and output."""
+    return all(spec.shape and spec.shape[0] == -1 for spec in (*backend.inputs, *backend.outputs))
+
+
+def batch_policy(source: ModelSource, backend: Backend) -> BatchPolicy:
+    config = source.config
+    batchable = can_batch(backend)
+    max_batch_size = config.max_batch_size
+    if max_batch_size is None:
+        max_batch_size = DEFAULT_MAX_BATCH_SIZE if batchable else 0
+    elif max_batch_size > 0 and not batchable:
+        fixed = [
+            f"{spec.name} {list(spec.shape)}"
+            for spec in (*backend.inputs, *backend.outputs)
+            if not spec.shape or spec.shape[0] != -1
+        ]
+        raise ModelLoadError(
+            f"model {source.name!r}: max_batch_size {max_batch_size} needs a dynamic first dimension on "
+            f"every input and output, but these have none: {', '.join(fixed)}; set max_batch_size: 0"
+        )
+    return BatchPolicy(
+        max_batch_size=max_batch_size,
+        max_queue_delay_s=config.batch_timeout_millis / 1000,
+        preferred_batch_sizes=tuple(size for size in config.preferred_batch_sizes if size <= max_batch_size),
+    )
+
+
+def warmup(backend: Backend, policy: BatchPolicy) -> None:
+    """Run the model on zeros at batch sizes 1 and max_batch_size, so the first request is not slow.
+
+    Models with dynamic dimensions other than the batch dimension are not warmed up: no shape for them
+    can be guessed safely.
+    """
+    batch_sizes = sorted({1, policy.max_batch_size}) if policy.max_batch_size > 0 else [0]
+    for batch_size in batch_sizes:
+        inputs = {}
+        for spec in backend.inputs:
+            shape = _warmup_shape(spec, batch_size)
+            if shape is None:
+                log.debug("no warmup: input %r has dynamic dimensions %s", spec.name, list(spec.shape))
+                return
+            inputs[spec.name] = _zeros(spec, shape)
+        try:
+            backend.infer(inputs, None)
+        except Exception as exc:
+            raise ModelLoadError(f"warmup failed at batch size {batch_size}: {exc}") from None
+
+
+def _warmup_shape(spec: TensorSpec, batch_size: int) -> tuple[int, ...] | None:
+    dims = list(spec.shape)
+    if batch_size > 0:
+        dims[0] = batch_size
+    if any(dim < 0 for dim in dims):
+        return None
+    return tuple(dims)
+
+
+def _zeros(spec: TensorSpec, shape: tuple[int, ...]) -> np.ndarray:
+    if spec.datatype == "BYTES":
+        return np.full(shape, b"", dtype=object)
+    return np.zeros(shape, dtype=numpy_dtype(spec.datatype))

@@ -1,0 +1,77 @@
+"""Finding model versions: a Triton/KServe-style directory plus the ``models:`` entries of the config.
+
+Repository layout::
+
+    REPO/<model>/config.yaml          optional, the per-model keys of the config file
+    REPO/<model>/<version>/model.onnx one directory per version; versions are integers
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgeinfer.config import Config, ModelConfig, parse_model_config, read_yaml_mapping
+from edgeinfer.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MODEL_FILENAME = "model.onnx"
+DEFAULT_VERSION = "1"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """One version of one model, ready to be loaded."""
+
+    name: str
+    version: str
+    path: str
+    config: ModelConfig
+
+
+def discover(config: Config) -> list[ModelSource]:
+    """Every model version the configuration names; a name+version given twice is an error."""
+    sources: list[ModelSource] = []
+    if config.model_store_path is not None:
+        sources.extend(scan_repository(Path(config.model_store_path)))
+    for name, model in config.models.items():
+        assert model.model_path is not None  # load_config resolved and checked it
+        sources.append(ModelSource(name, model.version or DEFAULT_VERSION, model.model_path, model))
+    seen: dict[tuple[str, str], str] = {}
+    for source in sources:
+        key = (source.name, source.version)
+        if key in seen:
+            raise ConfigError(
+                f"model {source.name!r} version {source.version} is defined twice: "
+                f"{seen[key]} and {source.path}"
+            )
+        seen[key] = source.path
+    return sources
+
+
+def scan_repository(root: Path) -> list[ModelSource]:
+    sources = []
+    for model_dir in sorted(path for path in root.iterdir() if path.is_dir() and not path.name.startswith(".")):
+        config_file = model_dir / "config.yaml"
+        model_config = (
+            parse_model_config(read_yaml_mapping(config_file), str(config_file))
+            if config_file.is_file()
+            else ModelConfig()
+        )
+        versions = []
+        for version_dir in sorted(model_dir.iterdir()):
+            if not version_dir.is_dir():
+                continue
+            if not version_dir.name.isdigit():
+                log.warning("ignoring %s: version directories must be integers", version_dir)
+                continue
+            model_file = version_dir / MODEL_FILENAME
+            if not model_file.is_file():
+                raise ConfigError(f"model {model_dir.name!r} version {version_dir.name}: {model_file} is missing")
+            versions.append(ModelSource(model_dir.name, str(int(version_dir.name)), str(model_file), model_config))
+        if not versions:
+            raise ConfigError(f"model directory {model_dir} has no version directories (<version>/{MODEL_FILENAME})")
+        sources.extend(versions)
+    return sources

@@ -1,0 +1,1 @@
+"""Transports (``http``) and the composition root that wires and runs everything (``app``)."""

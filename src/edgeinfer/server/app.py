@@ -1,0 +1,130 @@
+"""The composition root: builds the registry, the core service and the transports, and runs them.
+
+``Server`` is used by the CLI and is the programmatic way to run edgeinfer::
+
+    server = Server(load_config("config.yaml"))
+    server.run()                      # blocking, until SIGINT/SIGTERM
+
+    await server.start(); ...; await server.stop()   # embedded in an event loop
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import uvicorn
+
+from edgeinfer.config import Config
+from edgeinfer.errors import ConfigError
+from edgeinfer.repository.registry import Registry
+from edgeinfer.repository.sources import discover
+from edgeinfer.server.http import HttpApp
+from edgeinfer.service import InferenceService
+
+log = logging.getLogger(__name__)
+
+
+class Server:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._sources = discover(config)
+        workers = sum(source.config.max_concurrent_batches for source in self._sources)
+        self._executor = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="edgeinfer-infer")
+        self.registry = Registry(self._executor)
+        self.service = InferenceService(self.registry)
+        self._http: uvicorn.Server | None = None
+        self._http_socket: socket.socket | None = None
+
+    @property
+    def http_port(self) -> int:
+        """The bound HTTP port (useful when the config asked for port 0)."""
+        assert self._http_socket is not None, "the server is not started"
+        port: int = self._http_socket.getsockname()[1]
+        return port
+
+    async def start(self) -> None:
+        """Bind the HTTP port (liveness answers at once), load and warm up every model, then report ready."""
+        started = time.perf_counter()
+        server_config = self.config.server
+        self._http_socket = _bind(server_config.host, server_config.http_port)
+        app = HttpApp(self.service, max_body_bytes=server_config.max_request_bytes)
+        uvicorn_config = uvicorn.Config(
+            app,
+            http="httptools",
+            loop="none",
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            date_header=False,
+            timeout_graceful_shutdown=10,
+        )
+        uvicorn_config.load()
+        self._http = uvicorn.Server(uvicorn_config)
+        self._http.lifespan = uvicorn_config.lifespan_class(uvicorn_config)
+        await self._http.startup(sockets=[self._http_socket])
+        try:
+            await self.registry.load(self._sources)
+        except BaseException:
+            await self.stop()
+            raise
+        self.service.set_ready(True)
+        log.info(
+            "ready in %.0f ms: %d model version(s), HTTP on %s:%d",
+            (time.perf_counter() - started) * 1000,
+            len(self._sources),
+            server_config.host,
+            self.http_port,
+        )
+
+    async def stop(self) -> None:
+        """Stop taking connections, answer what is queued, free the models."""
+        self.service.set_ready(False)
+        if self._http is not None and self._http.started:
+            self._http.should_exit = True
+            await self._http.shutdown(sockets=[self._http_socket] if self._http_socket else None)
+        await self.registry.close()
+        self._executor.shutdown(wait=True)
+
+    async def serve(self) -> None:
+        """Start, wait for SIGINT or SIGTERM, stop."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await self.start()
+        await stop.wait()
+        log.info("shutting down")
+        await self.stop()
+
+    def run(self) -> None:
+        """Blocking: serve on uvloop until a signal arrives."""
+        run_with_uvloop(self.serve())
+
+
+def run_with_uvloop(coroutine: object) -> None:
+    try:
+        import uvloop
+    except ImportError:  # uvloop is not built for every platform (Windows)
+        asyncio.run(coroutine)  # type: ignore[arg-type]
+        return
+    uvloop.run(coroutine)  # type: ignore[arg-type]
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port} for HTTP: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock

@@ -1,0 +1,94 @@
+"""The transport-neutral core: live / ready / metadata / infer.
+
+HTTP and gRPC adapters call these methods with decoded requests and map the errors they raise to
+status codes; nothing in here knows about either transport.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgeinfer import __version__
+from edgeinfer.errors import ModelNotReady
+from edgeinfer.protocol.types import InferRequest, InferResponse
+from edgeinfer.repository.registry import ModelState, Registry
+from edgeinfer.validation import check_request, parse_priority, parse_timeout_s
+
+SERVER_NAME = "edgeinfer"
+EXTENSIONS: tuple[str, ...] = ()
+
+
+class InferenceService:
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self._ready = False
+
+    def set_ready(self, ready: bool) -> None:
+        """Called by the server once every model is loaded and warmed up (and False on shutdown)."""
+        self._ready = ready
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self._ready and self.registry.all_ready()
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        entry = self.registry.get(name, version)
+        return {
+            "name": name,
+            "versions": [other.version for other in self.registry.versions(name)],
+            "platform": entry.backend.platform,
+            "inputs": [spec.as_metadata() for spec in entry.backend.inputs],
+            "outputs": [spec.as_metadata() for spec in entry.backend.outputs],
+        }
+
+    def model_ready(self, name: str, version: str | None) -> bool:
+        try:
+            entry = self.registry.get(name, version)
+        except ModelNotReady:
+            return False
+        return entry.state is ModelState.READY
+
+    def model_index(self) -> list[dict[str, Any]]:
+        """Every model with each version's state (the ``/v1/models`` listing)."""
+        return [
+            {
+                "name": name,
+                "versions": [
+                    {"version": entry.version, "state": entry.state.value, "reason": entry.reason}
+                    for entry in self.registry.versions(name)
+                ],
+            }
+            for name in self.registry.names()
+        ]
+
+    async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
+        entry = self.registry.get(name, version)
+        if entry.state is not ModelState.READY:
+            raise ModelNotReady(f"model {name!r} version {entry.version} is {entry.state.value.lower()}")
+        backend = entry.backend
+        checked = check_request(
+            name, backend.inputs, backend.outputs, entry.policy.max_batch_size > 0, request
+        )
+        future = entry.batcher.submit(
+            request.inputs,
+            checked.rows,
+            checked.group,
+            output_names=checked.output_names,
+            priority=parse_priority(request.parameters, entry.config.default_priority_level),
+            timeout_s=parse_timeout_s(request.parameters),
+        )
+        outputs = await future
+        if request.outputs is not None:
+            outputs = {wanted.name: outputs[wanted.name] for wanted in request.outputs}
+        return InferResponse(
+            model_name=name,
+            model_version=entry.version,
+            outputs=outputs,
+            id=request.id,
+            requested=request.outputs,
+        )

@@ -1,0 +1,118 @@
+"""Checking a decoded request against the model it is sent to, before it is queued.
+
+Pure functions: everything a request can get wrong about a model is found here, with a message that
+names the input and says what the model expects, so the batcher only ever sees requests that can run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from edgeinfer.errors import InvalidInput
+from edgeinfer.protocol.datatypes import v2_datatype
+from edgeinfer.protocol.types import InferRequest, TensorSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What the batcher needs to know about a valid request."""
+
+    rows: int
+    group: Hashable
+    output_names: frozenset[str] | None
+
+
+def check_request(
+    model: str,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    batching: bool,
+    request: InferRequest,
+) -> Checked:
+    expected = {spec.name: spec for spec in inputs}
+    missing = [name for name in expected if name not in request.inputs]
+    if missing:
+        raise InvalidInput(
+            f"model {model!r} needs input(s) {_names(missing)}; expected inputs: {_describe(inputs)}"
+        )
+    extra = [name for name in request.inputs if name not in expected]
+    if extra:
+        raise InvalidInput(
+            f"model {model!r} has no input(s) {_names(extra)}; expected inputs: {_describe(inputs)}"
+        )
+    rows_seen: dict[str, int] = {}
+    for name, array in request.inputs.items():
+        spec = expected[name]
+        datatype = v2_datatype(array.dtype)
+        if datatype != spec.datatype:
+            raise InvalidInput(
+                f"input {name!r} has datatype {datatype} but model {model!r} expects {spec.datatype}"
+            )
+        if not _shape_fits(array.shape, spec.shape):
+            raise InvalidInput(
+                f"input {name!r} has shape {list(array.shape)} but model {model!r} expects "
+                f"{list(spec.shape)} (-1 is any size)"
+            )
+        if batching:
+            rows_seen[name] = array.shape[0]
+
+    rows = 1
+    if batching:
+        distinct = set(rows_seen.values())
+        if len(distinct) > 1:
+            detail = ", ".join(f"{name} has {count}" for name, count in rows_seen.items())
+            raise InvalidInput(f"all inputs must have the same batch size (first dimension): {detail}")
+        rows = distinct.pop()
+        if rows < 1:
+            raise InvalidInput("the batch size (first dimension of every input) must be at least 1")
+
+    output_names = None
+    if request.outputs is not None:
+        known = {spec.name for spec in outputs}
+        unknown = [wanted.name for wanted in request.outputs if wanted.name not in known]
+        if unknown:
+            raise InvalidInput(
+                f"model {model!r} has no output(s) {_names(unknown)}; its outputs are: "
+                f"{_names([spec.name for spec in outputs])}"
+            )
+        output_names = frozenset(wanted.name for wanted in request.outputs)
+
+    return Checked(rows=rows, group=batch_group(request), output_names=output_names)
+
+
+def batch_group(request: InferRequest) -> Hashable:
+    """Requests with equal groups have equal non-batch shapes and datatypes, so they can be merged."""
+    return tuple((name, array.dtype.str, array.shape[1:]) for name, array in sorted(request.inputs.items()))
+
+
+def parse_priority(parameters: dict[str, Any], default: int) -> int:
+    value = parameters.get("priority")
+    if value is None or value == 0:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput(f"parameter 'priority' must be a non-negative integer, got {value!r}")
+    return value
+
+
+def parse_timeout_s(parameters: dict[str, Any]) -> float | None:
+    """Triton clients send ``timeout`` in microseconds; 0 or absent means no timeout."""
+    value = parameters.get("timeout")
+    if value is None or value == 0:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+        raise InvalidInput(f"parameter 'timeout' must be a non-negative number of microseconds, got {value!r}")
+    return value / 1_000_000
+
+
+def _shape_fits(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
+    return len(shape) == len(expected) and all(want in (-1, got) for got, want in zip(shape, expected))
+
+
+def _names(names: Sequence[str]) -> str:
+    return ", ".join(repr(name) for name in names)
+
+
+def _describe(specs: Sequence[TensorSpec]) -> str:
+    return ", ".join(f"{spec.name!r} ({spec.datatype} {list(spec.shape)})" for spec in specs)
