@@ -17,7 +17,9 @@ EXIT_CONFIG = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="edgeinfer", description="A small, fast Open Inference Protocol server.")
+    parser = argparse.ArgumentParser(
+        prog="edgeinfer", description="A small, fast Open Inference Protocol server."
+    )
     parser.add_argument("--version", action="version", version=f"edgeinfer {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser(
@@ -26,13 +28,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="Load every model, warm it up, and serve it. Flags override the config file.",
     )
     serve.add_argument("--config", metavar="PATH", help="YAML config file")
-    serve.add_argument("--model-repository", metavar="DIR", help="model repository (<model>/<version>/model.onnx)")
+    serve.add_argument(
+        "--model-repository", metavar="DIR", help="model repository (<model>/<version>/model.onnx)"
+    )
     serve.add_argument("--host", help="address to listen on (default 0.0.0.0)")
     serve.add_argument("--http-port", type=int, metavar="PORT", help="HTTP port (default 8080)")
     serve.add_argument("--grpc-port", type=int, metavar="PORT", help="gRPC port (default 8081)")
-    serve.add_argument("--metrics-port", type=int, metavar="PORT", help="Prometheus metrics port (default 8082)")
     serve.add_argument(
-        "--log-level", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="default INFO"
+        "--metrics-port", type=int, metavar="PORT", help="Prometheus metrics port (default 8082)"
+    )
+    serve.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        help="default INFO",
     )
     return parser
 

@@ -59,7 +59,9 @@ class ModelConfig(_Frozen):
         """Accept ``max_batch_time`` (seconds) and ``max_queue_delay_ms`` as other servers spell it."""
         if not isinstance(data, dict):
             return data
-        given = [key for key in ("batch_timeout_millis", "max_batch_time", "max_queue_delay_ms") if key in data]
+        given = [
+            key for key in ("batch_timeout_millis", "max_batch_time", "max_queue_delay_ms") if key in data
+        ]
         if len(given) > 1:
             raise ValueError(f"give only one of {', '.join(given)}: they set the same batch timeout")
         data = dict(data)

@@ -23,9 +23,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for key, value in record.__dict__.items():
-            if key not in _STANDARD_ATTRIBUTES:
-                document[key] = value
+        document.update(
+            (key, value) for key, value in record.__dict__.items() if key not in _STANDARD_ATTRIBUTES
+        )
         if record.exc_info:
             document["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(document, default=str).decode()
@@ -35,7 +35,9 @@ def setup_logging(level: str, fmt: str = "auto") -> None:
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        JsonFormatter() if use_json else logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        JsonFormatter()
+        if use_json
+        else logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -15,7 +15,7 @@ from edgeinfer.repository.registry import ModelState, Registry
 from edgeinfer.validation import check_request, parse_priority, parse_timeout_s
 
 SERVER_NAME = "edgeinfer"
-EXTENSIONS: tuple[str, ...] = ()
+EXTENSIONS: tuple[str, ...] = ("statistics",)
 
 
 class InferenceService:
@@ -65,6 +65,22 @@ class InferenceService:
             }
             for name in self.registry.names()
         ]
+
+    def model_statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
+        """Triton's statistics extension: every version of every model, or one model (or version)."""
+        if name is None:
+            entries = [entry for model in self.registry.names() for entry in self.registry.versions(model)]
+        elif version is None:
+            self.registry.get(name)  # raises for unknown models
+            entries = self.registry.versions(name)
+        else:
+            entries = [self.registry.get(name, version)]
+        return {
+            "model_stats": [
+                {"name": entry.name, "version": entry.version, **entry.batcher.stats.as_dict()}
+                for entry in entries
+            ]
+        }
 
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
         entry = self.registry.get(name, version)

@@ -102,12 +102,16 @@ def parse_timeout_s(parameters: dict[str, Any]) -> float | None:
     if value is None or value == 0:
         return None
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-        raise InvalidInput(f"parameter 'timeout' must be a non-negative number of microseconds, got {value!r}")
+        raise InvalidInput(
+            f"parameter 'timeout' must be a non-negative number of microseconds, got {value!r}"
+        )
     return value / 1_000_000
 
 
 def _shape_fits(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
-    return len(shape) == len(expected) and all(want in (-1, got) for got, want in zip(shape, expected))
+    return len(shape) == len(expected) and all(
+        want in (-1, got) for got, want in zip(shape, expected, strict=True)
+    )
 
 
 def _names(names: Sequence[str]) -> str:

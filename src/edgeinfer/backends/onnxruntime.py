@@ -60,7 +60,9 @@ class OnnxRuntimeBackend:
             if arg.type in ONNX_TO_V2:
                 outputs.append(self._tensor_spec(arg, "output", path))
             else:
-                log.warning("%s: output %r of type %s is not a tensor; it is not served", path, arg.name, arg.type)
+                log.warning(
+                    "%s: output %r of type %s is not a tensor; it is not served", path, arg.name, arg.type
+                )
         if not outputs:
             raise ModelLoadError(f"{path}: the model has no tensor outputs to serve")
         self.outputs = tuple(outputs)
@@ -99,7 +101,9 @@ def _bytes_to_str(array: np.ndarray) -> np.ndarray:
     out = np.empty(array.shape, dtype=object)
     flat_in, flat_out = array.reshape(-1), out.reshape(-1)
     for index, element in enumerate(flat_in):
-        flat_out[index] = element.decode("utf-8", "surrogateescape") if isinstance(element, bytes) else element
+        flat_out[index] = (
+            element.decode("utf-8", "surrogateescape") if isinstance(element, bytes) else element
+        )
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from functools import partial
 import numpy as np
 
 from edgeinfer.batching.policy import BatchPolicy, Pending, next_batch, next_deadline, split_expired
+from edgeinfer.batching.stats import BatchTimes, ModelStatistics
 from edgeinfer.errors import EdgeInferError, InferenceFailed, ModelNotReady, RequestTimeout, ServerBusy
 
 Tensors = dict[str, np.ndarray]
@@ -62,6 +64,7 @@ class Batcher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.stats = ModelStatistics()
 
     @property
     def queue_length(self) -> int:
@@ -95,7 +98,7 @@ class Batcher:
             )
         loop = self._loop or asyncio.get_running_loop()
         self._loop = loop
-        now = loop.time()
+        now = time.monotonic()
         deadline = _deadline(now, timeout_s, self.limits.queue_timeout_s)
         future: asyncio.Future[Tensors] = loop.create_future()
         item = Pending(
@@ -109,7 +112,7 @@ class Batcher:
         )
         self._pending.append(item)
         self._idle.clear()
-        future.add_done_callback(partial(self._forget_if_cancelled, item))
+        future.add_done_callback(partial(self._on_answered, item))
         self._schedule(now)
         return future
 
@@ -118,16 +121,25 @@ class Batcher:
         self._closed = True
         await self._idle.wait()
 
-    def _forget_if_cancelled(self, item: Pending, future: asyncio.Future[Tensors]) -> None:
-        if future.cancelled() and item in self._pending:
-            self._pending.remove(item)
-            self._schedule(None)
+    def _on_answered(self, item: Pending, future: asyncio.Future[Tensors]) -> None:
+        """Count the request; if it was cancelled while queued, take it out of the queue."""
+        assert self._loop is not None
+        elapsed_ns = int((time.monotonic() - item.enqueued_at) * 1e9)
+        if future.cancelled():
+            self.stats.fail.add(elapsed_ns)
+            if item in self._pending:
+                self._pending.remove(item)
+                self._schedule(None)
+        elif future.exception() is not None:
+            self.stats.fail.add(elapsed_ns)
+        else:
+            self.stats.success.add(elapsed_ns)
+            self.stats.last_inference_ms = int(time.time() * 1000)
 
     def _on_timer(self, when: float) -> None:
         self._timer = None
-        assert self._loop is not None
         # Timers may fire a hair early; treating now as the wake time avoids re-arming in a tight loop.
-        self._schedule(max(self._loop.time(), when))
+        self._schedule(max(time.monotonic(), when))
 
     def _schedule(self, now: float | None) -> None:
         loop = self._loop
@@ -136,7 +148,7 @@ class Batcher:
             self._timer.cancel()
             self._timer = None
         if now is None:
-            now = loop.time()
+            now = time.monotonic()
         wake_at: float | None = None
         while self._pending:
             if self._running >= self.limits.max_concurrent_batches:
@@ -152,7 +164,7 @@ class Batcher:
                 break
             self._start(decision.batch)
         if wake_at is not None:
-            self._timer = loop.call_at(wake_at, self._on_timer, wake_at)
+            self._timer = loop.call_later(max(0.0, wake_at - now), self._on_timer, wake_at)
         self._update_idle()
 
     def _remove(self, items: list[Pending]) -> None:
@@ -175,31 +187,56 @@ class Batcher:
     def _start(self, batch: list[Pending]) -> None:
         assert self._loop is not None
         self._running += 1
+        now = time.monotonic()
+        for item in batch:
+            self.stats.queue.add(int((now - item.enqueued_at) * 1e9))
         jobs: list[_Job] = [item.payload for item in batch]  # type: ignore[misc]
         rows = [item.rows for item in batch]
         output_names = _union_outputs(jobs)
-        done = self._loop.run_in_executor(self._executor, self._execute, jobs, rows, output_names)
-        done.add_done_callback(partial(self._finish, jobs))
+        times = BatchTimes()
+        done = self._loop.run_in_executor(self._executor, self._execute, jobs, rows, output_names, times)
+        done.add_done_callback(partial(self._finish, jobs, sum(rows), times))
 
-    def _execute(self, jobs: list[_Job], rows: list[int], output_names: list[str] | None) -> list[Tensors]:
+    def _execute(
+        self, jobs: list[_Job], rows: list[int], output_names: list[str] | None, times: BatchTimes
+    ) -> list[Tensors]:
         """Runs in a worker thread: concatenate, run, split back by row counts."""
+        started = time.perf_counter_ns()
         if len(jobs) == 1:
-            return [self._run(jobs[0].inputs, output_names)]
-        inputs = {name: np.concatenate([job.inputs[name] for job in jobs]) for name in jobs[0].inputs}
+            inputs = jobs[0].inputs
+        else:
+            inputs = {name: np.concatenate([job.inputs[name] for job in jobs]) for name in jobs[0].inputs}
+        concatenated = time.perf_counter_ns()
         outputs = self._run(inputs, output_names)
+        computed = time.perf_counter_ns()
+        times.input_ns, times.infer_ns = concatenated - started, computed - concatenated
+        results = self._split(outputs, rows)
+        times.output_ns = time.perf_counter_ns() - computed
+        return results
+
+    def _split(self, outputs: Tensors, rows: list[int]) -> list[Tensors]:
+        if self.policy.max_batch_size == 0:
+            return [outputs]
         total = sum(rows)
         for name, array in outputs.items():
             if array.ndim == 0 or array.shape[0] != total:
                 raise InferenceFailed(
-                    f"model {self.name} returned output {name!r} with shape {list(array.shape)} for a batch "
-                    f"of {total} rows; its first dimension must equal the rows to split it back"
+                    f"model {self.name} returned output {name!r} with shape {list(array.shape)} for "
+                    f"{total} input rows; with batching on, an output's first dimension must equal the "
+                    "input rows (set max_batch_size: 0 if the first dimension is not a batch dimension)"
                 )
+        if len(rows) == 1:
+            return [outputs]
         bounds = list(itertools.accumulate(rows))[:-1]
         split = {name: np.split(array, bounds) for name, array in outputs.items()}
-        return [{name: parts[index] for name, parts in split.items()} for index in range(len(jobs))]
+        return [{name: parts[index] for name, parts in split.items()} for index in range(len(rows))]
 
-    def _finish(self, jobs: list[_Job], done: asyncio.Future[list[Tensors]]) -> None:
+    def _finish(
+        self, jobs: list[_Job], rows: int, times: BatchTimes, done: asyncio.Future[list[Tensors]]
+    ) -> None:
         self._running -= 1
+        if times.infer_ns:
+            self.stats.record_batch(rows, len(jobs), times)
         error: BaseException | None
         if done.cancelled():
             error = ModelNotReady(f"model {self.name} stopped before the batch finished")

@@ -56,7 +56,8 @@ def queue_order(pending: Pending) -> tuple[int, float, int]:
 
 def split_expired(pending: Sequence[Pending], now: float) -> tuple[list[Pending], list[Pending]]:
     """(still waiting, expired) — a request expires when its deadline is at or before ``now``."""
-    alive, expired = [], []
+    alive: list[Pending] = []
+    expired: list[Pending] = []
     for item in pending:
         (expired if item.deadline is not None and item.deadline <= now else alive).append(item)
     return alive, expired

@@ -127,10 +127,7 @@ def json_to_array(name: str, datatype: str, shape: tuple[int, ...], data: Any) -
         )
     dtype = numpy_dtype(datatype)
     try:
-        if datatype == "BYTES":
-            array = _bytes_array(data)
-        else:
-            array = np.array(data, dtype=dtype)
+        array = _bytes_array(data) if datatype == "BYTES" else np.array(data, dtype=dtype)
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidInput(f"input {name!r}: data does not fit datatype {datatype}: {exc}") from None
     if array.size != expected:

@@ -115,7 +115,9 @@ class Registry:
 
     def all_ready(self) -> bool:
         return all(
-            entry.state is ModelState.READY for versions in self._models.values() for entry in versions.values()
+            entry.state is ModelState.READY
+            for versions in self._models.values()
+            for entry in versions.values()
         )
 
     async def close(self) -> None:

@@ -53,7 +53,9 @@ def discover(config: Config) -> list[ModelSource]:
 
 def scan_repository(root: Path) -> list[ModelSource]:
     sources = []
-    for model_dir in sorted(path for path in root.iterdir() if path.is_dir() and not path.name.startswith(".")):
+    for model_dir in sorted(
+        path for path in root.iterdir() if path.is_dir() and not path.name.startswith(".")
+    ):
         config_file = model_dir / "config.yaml"
         model_config = (
             parse_model_config(read_yaml_mapping(config_file), str(config_file))
@@ -69,9 +71,15 @@ def scan_repository(root: Path) -> list[ModelSource]:
                 continue
             model_file = version_dir / MODEL_FILENAME
             if not model_file.is_file():
-                raise ConfigError(f"model {model_dir.name!r} version {version_dir.name}: {model_file} is missing")
-            versions.append(ModelSource(model_dir.name, str(int(version_dir.name)), str(model_file), model_config))
+                raise ConfigError(
+                    f"model {model_dir.name!r} version {version_dir.name}: {model_file} is missing"
+                )
+            versions.append(
+                ModelSource(model_dir.name, str(int(version_dir.name)), str(model_file), model_config)
+            )
         if not versions:
-            raise ConfigError(f"model directory {model_dir} has no version directories (<version>/{MODEL_FILENAME})")
+            raise ConfigError(
+                f"model directory {model_dir} has no version directories (<version>/{MODEL_FILENAME})"
+            )
         sources.extend(versions)
     return sources

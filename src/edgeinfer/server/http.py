@@ -10,6 +10,7 @@ Routes (KServe V2 / Open Inference Protocol, plus the simple v1 style)::
     GET  /v2/health/live | /v2/health/ready        probes
     GET  /v2/models/{m}[/versions/{v}]             model metadata
     GET  /v2/models/{m}[/versions/{v}]/ready       model readiness
+    GET  /v2/models[/{m}[/versions/{v}]]/stats     statistics (Triton's extension)
     POST /v2/models/{m}[/versions/{v}]/infer       inference
     GET  /v1/models                                every model, version and state
     POST /v1/models/{m}[/versions/{v}]/predict     inference, same bodies as /infer
@@ -91,6 +92,10 @@ class HttpApp:
         service = self.service
 
         if parts[0] == "v2":
+            if parts == ["v2", "models", "stats"]:
+                _allow(method, "GET")
+                await _send_json(send, 200, service.model_statistics(None, None))
+                return
             if len(parts) >= 3 and parts[1] == "models":
                 name = parts[2]
                 version = None
@@ -107,6 +112,10 @@ class HttpApp:
                     _allow(method, "GET")
                     ready = service.model_ready(name, version)
                     await _send_json(send, 200 if ready else 503, {"name": name, "ready": ready})
+                    return
+                if action == "stats":
+                    _allow(method, "GET")
+                    await _send_json(send, 200, service.model_statistics(name, version))
                     return
                 if action == "":
                     _allow(method, "GET")
@@ -145,7 +154,9 @@ class HttpApp:
             return
         await _send_json(send, 404, {"error": f"no route for {method} {scope['path']}"})
 
-    async def _infer(self, name: str, version: str | None, receive: Receive, send: Send, scope: Scope) -> None:
+    async def _infer(
+        self, name: str, version: str | None, receive: Receive, send: Send, scope: Scope
+    ) -> None:
         body = await self._read_body(scope, receive)
         request = json_codec.decode_request(body)
         infer = asyncio.ensure_future(self.service.infer(name, version, request))
@@ -209,8 +220,7 @@ STATUS_BY_ERROR[_MethodNotAllowed] = 405
 
 def _too_large(size: int, limit: int) -> str:
     return (
-        f"request body of {size} bytes is larger than the limit of {limit} bytes "
-        "(server.max_request_size_mb)"
+        f"request body of {size} bytes is larger than the limit of {limit} bytes (server.max_request_size_mb)"
     )
 
 

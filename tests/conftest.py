@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import (
+    EXAMPLES,
+    ServerProcess,
+    failing_model,
+    matmul_model,
+    row_changing_model,
+    slow_model,
+)
+
+
+@pytest.fixture(scope="session")
+def example_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The bundled example configuration, served once for the whole session."""
+    server = ServerProcess(["--config", str(EXAMPLES / "config.yaml")])
+    server.start(tmp_path_factory.mktemp("example") / "server.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def special_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Models for queueing and failure tests, and a config that serves them."""
+    root = tmp_path_factory.mktemp("special")
+    matmul_model(root / "matmul.onnx")
+    slow_model(root / "slow.onnx")
+    failing_model(root / "failing.onnx")
+    row_changing_model(root / "row_changing.onnx")
+    matmul_model(root / "fixed.onnx", fixed_batch=2)
+    (root / "config.yaml").write_text(
+        """
+models:
+  matmul: {model_path: matmul.onnx, max_batch_size: 16, batch_timeout_millis: 2}
+  slow:
+    model_path: slow.onnx
+    backend_config: {intra_op_num_threads: 1}
+    max_batch_size: 8
+    max_queue_size: 4
+  slow_unbatched:
+    model_path: slow.onnx
+    backend_config: {intra_op_num_threads: 1}
+    max_batch_size: 0
+  failing: {model_path: failing.onnx, max_batch_size: 0}
+  row_changing: {model_path: row_changing.onnx}
+  fixed: {model_path: fixed.onnx}
+server: {max_request_size_mb: 0.05}
+"""
+    )
+    return root
+
+
+@pytest.fixture(scope="session")
+def special_server(special_models: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = ServerProcess(["--config", str(special_models / "config.yaml")])
+    server.start(tmp_path_factory.mktemp("special-log") / "server.log")
+    yield server
+    server.stop()

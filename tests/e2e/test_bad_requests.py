@@ -1,0 +1,222 @@
+"""Bad requests get the right status and a message naming the problem; the server keeps serving."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+
+from tests.support import NUMERIC_DTYPES, ServerProcess, infer_body, request
+
+X16 = list(range(16))
+
+
+def tensor(name="INPUT0", shape=(1, 16), datatype="FP32", data=None):
+    return {"name": name, "shape": list(shape), "datatype": datatype, "data": X16 if data is None else data}
+
+
+BAD_REQUESTS = [
+    # (case, method, path, body, status, words the message must contain)
+    ("malformed JSON", "POST", "/v2/models/simple/infer", b'{"inputs": [', 400, "not valid JSON"),
+    ("body is a list", "POST", "/v2/models/simple/infer", b"[1, 2]", 400, "must be a JSON object"),
+    ("empty body", "POST", "/v2/models/simple/infer", b"", 400, "empty"),
+    (
+        "no inputs",
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": []},
+        400,
+        "'inputs' must be a non-empty list",
+    ),
+    (
+        "unknown field",
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": [tensor()], "input": []},
+        400,
+        "unknown field(s) in inference request: input",
+    ),
+    (
+        "missing input",
+        "POST",
+        "/v2/models/all_dtypes/infer",
+        {"inputs": [tensor("IN_FP32", (1, 4), data=[1, 2, 3, 4])]},
+        400,
+        "needs input(s) 'IN_BOOL'",
+    ),
+    (
+        "extra input",
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": [tensor(), tensor("EXTRA")]},
+        400,
+        "has no input(s) 'EXTRA'",
+    ),
+    (
+        "duplicate input",
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": [tensor(), tensor()]},
+        400,
+        "input 'INPUT0' appears more than once",
+    ),
+    (
+        "wrong datatype",
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": [tensor(datatype="INT32")]},
+        400,
+        "input 'INPUT0' has datatype INT32 but model 'simple' expects FP32",
+    ),
+    (
+        "unknown datatype",
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": [tensor(datatype="FLOAT")]},
+        400,
+        "unknown datatype 'FLOAT'",
+    ),
+    (
+        "shape the model does not take",
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": [tensor(shape=(2, 8))]},
+        400,
+        "input 'INPUT0' has shape [2, 8] but model 'simple' expects [-1, 16]",
+    ),
+    (
+        "shape does not match data length",
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": [tensor(shape=(2, 16))]},
+        400,
+        "shape [2, 16] needs 32 elements but 'data' has 16",
+    ),
+    (
+        "huge declared shape, little data",
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": [tensor(shape=(1_000_000_000, 16))]},
+        400,
+        "needs 16000000000 elements but 'data' has 16",
+    ),
+    (
+        "nested data of the wrong size",
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": [tensor(shape=(2, 16), data=[X16])]},
+        400,
+        "'data' has 1 elements at depth 0 but shape [2, 16] says 2",
+    ),
+    (
+        "negative dimension",
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": [tensor(shape=(-1, 16))]},
+        400,
+        "'shape' must be a list of non-negative integers",
+    ),
+    (
+        "data that is not numbers",
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": [tensor(data=["a"] * 16)]},
+        400,
+        "input 'INPUT0': data does not fit datatype FP32",
+    ),
+    (
+        "BYTES given numbers",
+        "POST",
+        "/v2/models/text_lower/infer",
+        {"inputs": [tensor("TEXT", (2,), "BYTES", [1, 2])]},
+        400,
+        "BYTES elements must be strings",
+    ),
+    (
+        "inputs with different batch sizes",
+        "POST",
+        "/v2/models/all_dtypes/infer",
+        infer_body(
+            {
+                f"IN_{name}": np.zeros((2 if name == "FP32" else 1, 4), dtype=dtype)
+                for name, dtype in NUMERIC_DTYPES.items()
+            }
+        ),
+        400,
+        "all inputs must have the same batch size",
+    ),
+    (
+        "unknown requested output",
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": [tensor()], "outputs": [{"name": "NOPE"}]},
+        400,
+        "has no output(s) 'NOPE'; its outputs are: 'OUTPUT0'",
+    ),
+    (
+        "id not a string",
+        "POST",
+        "/v2/models/simple/infer",
+        {"id": 7, "inputs": [tensor()]},
+        400,
+        "'id' must be a string",
+    ),
+    (
+        "bad priority",
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": [tensor()], "parameters": {"priority": "high"}},
+        400,
+        "parameter 'priority' must be a non-negative integer",
+    ),
+    (
+        "bad timeout",
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": [tensor()], "parameters": {"timeout": -5}},
+        400,
+        "parameter 'timeout' must be a non-negative number of microseconds",
+    ),
+    ("unknown model", "POST", "/v2/models/nope/infer", {"inputs": [tensor()]}, 404, "unknown model 'nope'"),
+    (
+        "unknown version",
+        "POST",
+        "/v2/models/simple/versions/9/infer",
+        {"inputs": [tensor()]},
+        404,
+        "model 'simple' has no version '9'; its versions are: 1, 2",
+    ),
+    ("unknown model metadata", "GET", "/v2/models/nope", None, 404, "unknown model 'nope'"),
+    ("GET on infer", "GET", "/v2/models/simple/infer", None, 405, "method GET is not allowed here; use POST"),
+    ("unknown route", "GET", "/v3/anything", None, 404, "no route for GET /v3/anything"),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "words"),
+    [case[1:] for case in BAD_REQUESTS],
+    ids=[case[0] for case in BAD_REQUESTS],
+)
+def test_bad_request_then_good_request(example_server: ServerProcess, method, path, body, status, words):
+    reply = request(example_server.port, method, path, body)
+    assert reply.status == status, reply.body
+    assert words in reply.error
+    good = request(example_server.port, "POST", "/v2/models/simple/infer", {"inputs": [tensor()]})
+    assert good.status == 200
+
+
+def test_declared_content_length_over_the_limit_is_refused_at_once(example_server: ServerProcess):
+    with socket.create_connection(("127.0.0.1", example_server.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999999\r\n\r\n{"
+        )
+        reply = b""
+        while b"}" not in reply:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    text = reply.decode()
+    assert text.startswith("HTTP/1.1 413")
+    assert "larger than the limit of 67108864 bytes" in text

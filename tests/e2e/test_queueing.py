@@ -1,0 +1,161 @@
+"""Batching, limits, deadlines, disconnects and model failures against the real server process."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import orjson
+
+from tests.support import ServerProcess, infer_body, request
+
+
+def stats(server: ServerProcess, model: str) -> dict:
+    [entry] = request(server.port, "GET", f"/v2/models/{model}/versions/1/stats").json()["model_stats"]
+    return entry
+
+
+def slow_body(rows: int, **extra) -> dict:
+    return infer_body({"X": np.full((rows, 256), 0.01, dtype=np.float32)}, **extra)
+
+
+def test_concurrent_requests_with_different_rows_get_their_own_rows(special_server, special_models: Path):
+    session = ort.InferenceSession(str(special_models / "matmul.onnx"))
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal((1 + i % 4, 16)).astype(np.float32) for i in range(200)]
+    before = stats(special_server, "matmul")
+
+    def call(x: np.ndarray) -> np.ndarray:
+        reply = request(special_server.port, "POST", "/v2/models/matmul/infer", infer_body({"X": x}))
+        assert reply.status == 200, reply.body
+        [output] = reply.json()["outputs"]
+        return np.array(output["data"], dtype=np.float32).reshape(output["shape"])
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        results = list(pool.map(call, inputs))
+    for x, y in zip(inputs, results, strict=True):
+        np.testing.assert_allclose(y, session.run(None, {"X": x})[0], rtol=1e-5, atol=1e-5)
+    after = stats(special_server, "matmul")
+    assert after["inference_count"] - before["inference_count"] == sum(len(x) for x in inputs)
+    assert after["execution_count"] - before["execution_count"] < len(inputs), "requests were batched"
+    assert max(entry["batch_size"] for entry in after["batch_stats"]) <= 16
+
+
+def test_a_full_queue_gets_429_quickly_with_retry_after(special_server):
+    replies = []
+    lock = threading.Lock()
+
+    def call() -> None:
+        started = time.monotonic()
+        reply = request(special_server.port, "POST", "/v2/models/slow/infer", slow_body(8))
+        with lock:
+            replies.append((reply, time.monotonic() - started))
+
+    threads = [threading.Thread(target=call) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    rejected = [(reply, took) for reply, took in replies if reply.status == 429]
+    assert rejected, [reply.status for reply, _ in replies]
+    assert {reply.status for reply, _ in replies} <= {200, 429}
+    for reply, took in rejected:
+        assert "max_queue_size" in reply.error
+        assert int(reply.headers["retry-after"]) >= 1
+        assert took < 0.25, "refused at once, not after waiting"
+
+
+def test_an_expired_deadline_gets_504_and_is_never_run(special_server):
+    before = stats(special_server, "slow_unbatched")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        long_running = pool.submit(
+            request, special_server.port, "POST", "/v2/models/slow_unbatched/infer", slow_body(6)
+        )
+        time.sleep(0.05)
+        reply = request(
+            special_server.port,
+            "POST",
+            "/v2/models/slow_unbatched/infer",
+            slow_body(3, parameters={"timeout": 20_000}),  # microseconds, as Triton clients send it
+        )
+        assert long_running.result().status == 200
+    assert reply.status == 504
+    assert "timed out after" in reply.error
+    assert "it was not run" in reply.error
+    after = stats(special_server, "slow_unbatched")
+    assert after["execution_count"] - before["execution_count"] == 1, "only the long request ran"
+    assert after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"] == 1
+
+
+def test_a_closed_connection_is_not_executed(special_server):
+    before = stats(special_server, "slow_unbatched")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        long_running = pool.submit(
+            request, special_server.port, "POST", "/v2/models/slow_unbatched/infer", slow_body(6)
+        )
+        time.sleep(0.05)
+        body = orjson.dumps(slow_body(2))
+        with socket.create_connection(("127.0.0.1", special_server.port)) as sock:
+            sock.sendall(
+                b"POST /v2/models/slow_unbatched/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+            )
+            time.sleep(0.02)  # queued behind the long request
+        assert long_running.result().status == 200
+    time.sleep(0.1)
+    after = stats(special_server, "slow_unbatched")
+    assert after["execution_count"] - before["execution_count"] == 1, "only the long request ran"
+
+
+def test_a_model_failure_is_a_500_and_the_next_request_succeeds(special_server):
+    x = np.ones((2, 4), dtype=np.float32)
+    bad = request(
+        special_server.port, "POST", "/v2/models/failing/infer", infer_body({"X": x, "I": np.array([0, 9])})
+    )
+    assert bad.status == 500
+    assert "ONNX Runtime failed" in bad.error
+    good = request(
+        special_server.port, "POST", "/v2/models/failing/infer", infer_body({"X": x, "I": np.array([0, 3])})
+    )
+    assert good.status == 200
+
+
+def test_outputs_that_cannot_be_split_back_are_a_clear_error(special_server):
+    x = np.ones((2, 4), np.float32)
+    kept = request(special_server.port, "POST", "/v2/models/row_changing/infer", infer_body({"X": x}))
+    assert kept.status == 200
+    x[1, 0] = -1  # the model drops this row
+    reply = request(special_server.port, "POST", "/v2/models/row_changing/infer", infer_body({"X": x}))
+    assert reply.status == 500
+    assert "first dimension must equal the input rows" in reply.error
+    assert "max_batch_size: 0" in reply.error
+
+
+def test_a_model_with_a_fixed_first_dimension_is_not_batched(special_server):
+    x = np.ones((2, 16), dtype=np.float32)
+    assert request(special_server.port, "POST", "/v2/models/fixed/infer", infer_body({"X": x})).status == 200
+    reply = request(special_server.port, "POST", "/v2/models/fixed/infer", infer_body({"X": x[:1]}))
+    assert reply.status == 400
+    assert "expects [2, 16]" in reply.error
+
+
+def test_a_streamed_body_over_the_limit_is_413(special_server):
+    def chunks():
+        for _ in range(20):
+            yield b" " * 8192
+
+    connection = http.client.HTTPConnection("127.0.0.1", special_server.port, timeout=10)
+    connection.request("POST", "/v2/models/matmul/infer", body=chunks(), encode_chunked=True)
+    reply = connection.getresponse()
+    assert reply.status == 413
+    assert b"larger than the limit of 52428 bytes" in reply.read()
+    connection.close()
+    assert request(special_server.port, "GET", "/v2/health/ready").status == 200

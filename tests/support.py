@@ -1,0 +1,243 @@
+"""Test helpers: free ports, a plain HTTP client, the real server as a subprocess, and small ONNX models."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import orjson
+from onnx import TensorProto, helper, numpy_helper
+
+from edgeinfer.protocol.datatypes import v2_datatype
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+NUMERIC_DTYPES: dict[str, type] = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Reply:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+    @property
+    def error(self) -> str:
+        return self.json()["error"]
+
+
+def request(
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | dict | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> Reply:
+    if isinstance(body, dict):
+        body = orjson.dumps(body)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+    finally:
+        connection.close()
+
+
+def infer_body(inputs: dict[str, np.ndarray], **extra: Any) -> dict:
+    return {
+        "inputs": [
+            {
+                "name": name,
+                "shape": list(array.shape),
+                "datatype": _v2(array),
+                "data": [x.decode() for x in array.reshape(-1)]
+                if array.dtype == object
+                else array.reshape(-1).tolist(),
+            }
+            for name, array in inputs.items()
+        ],
+        **extra,
+    }
+
+
+def _v2(array: np.ndarray) -> str:
+    return v2_datatype(array.dtype)
+
+
+class ServerProcess:
+    """``edgeinfer serve`` in a subprocess on a free port; ready means /v2/health/ready answered 200."""
+
+    def __init__(self, args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.args = args
+        self.cwd = cwd
+        self.env = {**os.environ, **(env or {})}
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+
+    def start(self, log_path: Path, timeout: float = 30) -> ServerProcess:
+        self.log_path = log_path
+        with log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "edgeinfer", "serve", "--http-port", str(self.port), *self.args],
+                cwd=self.cwd,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if request(self.port, "GET", "/v2/health/ready", timeout=1).status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"server not ready in {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path else ""
+
+    def stop(self) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+# ---- small ONNX models for the cases the examples do not cover ----
+
+OPSET = [helper.make_opsetid("", 17)]
+
+
+def save_model(graph: onnx.GraphProto, path: Path) -> Path:
+    model = helper.make_model(graph, opset_imports=OPSET)
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def matmul_model(path: Path, seed: int = 0, size: int = 16, fixed_batch: int | None = None) -> Path:
+    """X FP32 [batch,size] -> MatMul -> Y FP32 [batch,size]."""
+    weights = np.random.default_rng(seed).standard_normal((size, size)).astype(np.float32)
+    batch: Any = fixed_batch if fixed_batch is not None else "batch"
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])],
+        "matmul",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [batch, size])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [batch, size])],
+        [numpy_helper.from_array(weights, "W")],
+    )
+    return save_model(graph, path)
+
+
+def slow_model(path: Path, repeats: int = 100, size: int = 256) -> Path:
+    """X FP32 [batch,size] -> outer product -> repeats x (MatMul size^3, Tanh) -> mean -> Y FP32 [batch,size].
+
+    Compute-bound (about size^3 * repeats multiply-adds per row), for tests that need a batch to take a
+    while: queueing, deadlines, disconnects.
+    """
+    weights = (np.random.default_rng(0).standard_normal((size, size)) / size).astype(np.float32)
+    axes2 = numpy_helper.from_array(np.array([2], dtype=np.int64), "axes2")
+    axes1 = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes1")
+    nodes = [
+        helper.make_node("Unsqueeze", ["X", "axes2"], ["column"]),
+        helper.make_node("Unsqueeze", ["X", "axes1"], ["row"]),
+        helper.make_node("MatMul", ["column", "row"], ["t_start"]),
+    ]
+    last = "t_start"
+    for index in range(repeats):
+        nodes.append(helper.make_node("MatMul", [last, "W"], [f"m{index}"]))
+        nodes.append(helper.make_node("Tanh", [f"m{index}"], [f"t{index}"]))
+        last = f"t{index}"
+    nodes.append(
+        helper.make_node("ReduceMean", [last], ["Y"], axes=[2], keepdims=0)
+    )  # opset 17: an attribute
+    graph = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", size])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", size])],
+        [numpy_helper.from_array(weights, "W"), axes1, axes2],
+    )
+    return save_model(graph, path)
+
+
+def row_changing_model(path: Path) -> Path:
+    """X FP32 [batch,4] -> keeps only the rows whose first value is positive -> Y FP32 [rows,4].
+
+    The output's first dimension is dynamic, so the model looks batchable, but a request with a
+    non-positive first value gets fewer output rows than it sent: such outputs cannot be split back.
+    """
+    zero = numpy_helper.from_array(np.array(0, dtype=np.int64), "zero")
+    threshold = numpy_helper.from_array(np.array(0, dtype=np.float32), "threshold")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["X", "zero"], ["first"], axis=1),
+            helper.make_node("Greater", ["first", "threshold"], ["keep"]),
+            helper.make_node("Compress", ["X", "keep"], ["Y"], axis=0),
+        ],
+        "row_changing",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["kept", 4])],
+        [zero, threshold],
+    )
+    return save_model(graph, path)
+
+
+def failing_model(path: Path) -> Path:
+    """X FP32 [batch,4], I INT64 [batch]: Gather(axis 1) fails at run time when I is out of range."""
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["X", "I"], ["Y"], axis=1)],
+        "failing",
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("I", TensorProto.INT64, ["batch"]),
+        ],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", "batch2"])],
+    )
+    return save_model(graph, path)

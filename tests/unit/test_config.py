@@ -1,0 +1,116 @@
+"""Config validation: unknown keys, wrong types, missing files, aliases, CLI overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.config import load_config
+from edgeinfer.errors import ConfigError
+from tests.support import matmul_model
+
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> Path:
+    return matmul_model(tmp_path / "m.onnx")
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_the_documented_format_loads(tmp_path, model_file):
+    path = write(
+        tmp_path,
+        """
+model_store_path: "."
+models:
+  resnet50:
+    model_path: "./m.onnx"
+    backend: "onnxruntime"
+    version: "1"
+    backend_config:
+      execution_providers: ["CUDAExecutionProvider", "CPUExecutionProvider"]
+      intra_op_num_threads: 4
+      inter_op_num_threads: 2
+      graph_optimization_level: "all"
+    max_batch_size: 16
+    batch_timeout_millis: 10
+server: {http_port: 8080, grpc_port: 8081, metrics_port: 8082, workers: 1}
+logging: {level: "info"}
+""",
+    )
+    config = load_config(path)
+    model = config.models["resnet50"]
+    assert model.model_path == str(model_file.resolve())
+    assert model.backend_config.intra_op_num_threads == 4
+    assert (model.max_batch_size, model.batch_timeout_millis) == (16, 10)
+    assert config.logging.level == "INFO"
+    assert config.model_store_path == str(tmp_path.resolve())
+
+
+def test_paths_are_relative_to_the_config_file(tmp_path, model_file, monkeypatch):
+    path = write(tmp_path, "models:\n  m:\n    model_path: m.onnx\n")
+    monkeypatch.chdir("/")
+    assert load_config(path).models["m"].model_path == str(model_file.resolve())
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (
+            "models:\n  m:\n    model_path: m.onnx\n    max_batchsize: 4\n",
+            "models.m.max_batchsize: unknown key",
+        ),
+        ("serve: {}\n", "serve: unknown key"),
+        (
+            "models:\n  m:\n    model_path: m.onnx\n    backend_config: {intra_op_num_threads: four}\n",
+            "models.m.backend_config.intra_op_num_threads: Input should be a valid integer",
+        ),
+        (
+            "models:\n  m:\n    model_path: m.onnx\n    backend_config: {graph_optimization_level: max}\n",
+            "models.m.backend_config.graph_optimization_level: Input should be 'disable', 'basic'",
+        ),
+        ("models:\n  m:\n    model_path: m.onnx\n    max_batch_size: -1\n", "models.m.max_batch_size"),
+        ("models:\n  m:\n    backend: onnxruntime\n", "models.m.model_path: required key is missing"),
+        ("models:\n  m:\n    model_path: missing.onnx\n", "missing.onnx does not exist"),
+        ("model_store_path: ./nowhere\n", "model_store_path: directory"),
+        ("server: {workers: 4}\n", "only workers: 1 is supported so far"),
+        ("server: {http_port: 70000}\n", "server.http_port"),
+        ("- a\n- b\n", "the top level must be a mapping"),
+        ("models: [\n", "not valid YAML"),
+        (
+            "models:\n  m:\n    model_path: m.onnx\n    max_batch_time: 0.1\n    batch_timeout_millis: 5\n",
+            "give only one of batch_timeout_millis, max_batch_time",
+        ),
+    ],
+)
+def test_config_errors_name_the_key(tmp_path, model_file, text, words):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert words in str(caught.value)
+    assert str(path) in str(caught.value)
+
+
+def test_batch_timeout_aliases(tmp_path, model_file):
+    path = write(tmp_path, "models:\n  a:\n    model_path: m.onnx\n    max_batch_time: 0.1\n")
+    assert load_config(path).models["a"].batch_timeout_millis == pytest.approx(100)
+    path = write(tmp_path, "models:\n  a:\n    model_path: m.onnx\n    max_queue_delay_ms: 3\n")
+    assert load_config(path).models["a"].batch_timeout_millis == 3
+
+
+def test_cli_overrides_win_over_the_file(tmp_path, model_file):
+    path = write(tmp_path, "server: {http_port: 1234}\nlogging: {level: INFO}\n")
+    config = load_config(path, {"server.http_port": 9999, "logging.level": "debug", "server.host": None})
+    assert config.server.http_port == 9999
+    assert config.logging.level == "DEBUG"
+    assert config.server.host == "0.0.0.0"
+
+
+def test_unreadable_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "absent.yaml")

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgeinfer.errors import InvalidInput
+from edgeinfer.protocol.datatypes import ONNX_TO_V2, V2_TO_NUMPY, element_size, numpy_dtype, v2_datatype
+
+
+@pytest.mark.parametrize("name", list(V2_TO_NUMPY))
+def test_every_datatype_maps_to_numpy_and_back(name):
+    assert v2_datatype(numpy_dtype(name)) == name
+
+
+def test_sizes():
+    assert element_size("FP16") == 2
+    assert element_size("UINT64") == 8
+    assert element_size("BOOL") == 1
+    assert element_size("BYTES") == 0
+
+
+def test_numpy_strings_are_bytes():
+    assert v2_datatype(np.array(["a"]).dtype) == "BYTES"
+    assert v2_datatype(np.array([b"a"]).dtype) == "BYTES"
+
+
+def test_unknown_datatype_is_a_client_error():
+    with pytest.raises(InvalidInput, match="unknown datatype 'FLOAT32'"):
+        numpy_dtype("FLOAT32")
+
+
+def test_unsupported_numpy_dtype():
+    with pytest.raises(TypeError, match="complex"):
+        v2_datatype(np.dtype(np.complex64))
+
+
+def test_onnx_types_cover_every_v2_datatype():
+    assert set(ONNX_TO_V2.values()) == set(V2_TO_NUMPY)
