@@ -52,6 +52,9 @@ class ModelConfig(_Frozen):
     max_queue_size: int = Field(512, ge=1, description="queued requests (not rows) before 429")
     queue_timeout_millis: float | None = Field(None, gt=0)
     default_priority_level: int = Field(1, ge=1)
+    inline_max_us: float = Field(
+        100.0, ge=0, description="batches predicted faster than this run on the event loop; 0: never"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -6,7 +6,11 @@ status codes; nothing in here knows about either transport.
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from edgeinfer import __version__
 from edgeinfer.errors import ModelNotReady
@@ -82,7 +86,12 @@ class InferenceService:
             ]
         }
 
-    async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
+    def submit(self, name: str, version: str | None, request: InferRequest) -> PendingInference:
+        """Validate and queue a request; the returned object's ``outputs`` future resolves when it ran.
+
+        Transports that answer from callbacks (HTTP) use this directly; cancelling ``outputs`` takes
+        the request out of the queue if it has not started.
+        """
         entry = self.registry.get(name, version)
         if entry.state is not ModelState.READY:
             raise ModelNotReady(f"model {name!r} version {entry.version} is {entry.state.value.lower()}")
@@ -90,7 +99,7 @@ class InferenceService:
         checked = check_request(
             name, backend.inputs, backend.outputs, entry.policy.max_batch_size > 0, request
         )
-        future = entry.batcher.submit(
+        outputs = entry.batcher.submit(
             request.inputs,
             checked.rows,
             checked.group,
@@ -98,13 +107,30 @@ class InferenceService:
             priority=parse_priority(request.parameters, entry.config.default_priority_level),
             timeout_s=parse_timeout_s(request.parameters),
         )
-        outputs = await future
-        if request.outputs is not None:
-            outputs = {wanted.name: outputs[wanted.name] for wanted in request.outputs}
+        return PendingInference(name, entry.version, request, outputs)
+
+    async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
+        pending = self.submit(name, version, request)
+        await pending.outputs
+        return pending.response()
+
+
+@dataclass(slots=True)
+class PendingInference:
+    model_name: str
+    model_version: str
+    request: InferRequest
+    outputs: asyncio.Future[dict[str, np.ndarray]]
+
+    def response(self) -> InferResponse:
+        """The response, once ``outputs`` holds a result: only the requested outputs, in request order."""
+        outputs = self.outputs.result()
+        if self.request.outputs is not None:
+            outputs = {wanted.name: outputs[wanted.name] for wanted in self.request.outputs}
         return InferResponse(
-            model_name=name,
-            model_version=entry.version,
+            model_name=self.model_name,
+            model_version=self.model_version,
             outputs=outputs,
-            id=request.id,
-            requested=request.outputs,
+            id=self.request.id,
+            requested=self.request.outputs,
         )

@@ -31,20 +31,12 @@ def check_request(
     batching: bool,
     request: InferRequest,
 ) -> Checked:
-    expected = {spec.name: spec for spec in inputs}
-    missing = [name for name in expected if name not in request.inputs]
-    if missing:
-        raise InvalidInput(
-            f"model {model!r} needs input(s) {_names(missing)}; expected inputs: {_describe(inputs)}"
-        )
-    extra = [name for name in request.inputs if name not in expected]
-    if extra:
-        raise InvalidInput(
-            f"model {model!r} has no input(s) {_names(extra)}; expected inputs: {_describe(inputs)}"
-        )
+    if len(request.inputs) != len(inputs) or any(spec.name not in request.inputs for spec in inputs):
+        _missing_or_extra(model, inputs, request)
     rows_seen: dict[str, int] = {}
-    for name, array in request.inputs.items():
-        spec = expected[name]
+    for spec in inputs:
+        name = spec.name
+        array = request.inputs[name]
         datatype = v2_datatype(array.dtype)
         if datatype != spec.datatype:
             raise InvalidInput(
@@ -80,6 +72,19 @@ def check_request(
         output_names = frozenset(wanted.name for wanted in request.outputs)
 
     return Checked(rows=rows, group=batch_group(request), output_names=output_names)
+
+
+def _missing_or_extra(model: str, inputs: Sequence[TensorSpec], request: InferRequest) -> None:
+    expected = {spec.name for spec in inputs}
+    missing = [spec.name for spec in inputs if spec.name not in request.inputs]
+    if missing:
+        raise InvalidInput(
+            f"model {model!r} needs input(s) {_names(missing)}; expected inputs: {_describe(inputs)}"
+        )
+    extra = [name for name in request.inputs if name not in expected]
+    raise InvalidInput(
+        f"model {model!r} has no input(s) {_names(extra)}; expected inputs: {_describe(inputs)}"
+    )
 
 
 def batch_group(request: InferRequest) -> Hashable:

@@ -57,7 +57,7 @@ def test_full_queue_is_refused_at_once():
         batcher, executor = make(
             backend, policy=BatchPolicy(max_batch_size=1), limits=QueueLimits(max_queue_size=3)
         )
-        running = submit(batcher, 0)  # starts at once, leaves the queue
+        running = submit(batcher, 0)  # nothing else in flight: starts at once, leaves the queue
         queued = [submit(batcher, 1.0 + i) for i in range(3)]
         with pytest.raises(ServerBusy, match="3 requests queued"):
             submit(batcher, 9)

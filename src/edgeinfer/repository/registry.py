@@ -78,6 +78,7 @@ class Registry:
                 max_queue_size=config.max_queue_size,
                 max_concurrent_batches=config.max_concurrent_batches,
                 queue_timeout_s=config.queue_timeout_millis / 1000 if config.queue_timeout_millis else None,
+                inline_max_s=config.inline_max_us / 1e6,
             ),
             executor=self._executor,
         )

@@ -1,0 +1,353 @@
+"""A lean HTTP/1.1 server on uvloop and httptools, knowing nothing about inference.
+
+Why not uvicorn: an ASGI round trip costs a task, a dozen message dicts and two awaits per request, which
+is most of the server's own latency for a small model. Here one ``asyncio.Protocol`` per connection feeds
+bytes to httptools (the parser uvicorn uses), hands each complete request to a handler, and writes the
+response in one ``transport.write``. A handler answers at once or returns a future; when the client
+disconnects, that future is cancelled, so a request still queued for a batch is dropped.
+
+What it does: keep-alive and pipelining (answered in order, reading paused while a request is pending),
+Content-Length and chunked bodies, ``Expect: 100-continue``, a body size limit checked on the declared
+length before reading and on the running total while reading, a header size limit, idle connection
+timeouts, and a graceful shutdown that lets in-flight requests finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import cast
+
+import httptools
+
+log = logging.getLogger(__name__)
+
+MAX_HEADER_BYTES = 64 * 1024
+IDLE_TIMEOUT_S = 60.0
+LINGER_S = 2.0
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    method: str
+    path: str
+    query: bytes
+    headers: dict[bytes, bytes]  # lower-cased names; a repeated header keeps its last value
+    body: bytes
+    keep_alive: bool
+
+
+@dataclass(slots=True)
+class HttpResponse:
+    status: int
+    body: bytes
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    content_type: bytes = b"application/json"
+
+
+Handler = Callable[[HttpRequest], "HttpResponse | asyncio.Future[HttpResponse]"]
+ErrorResponder = Callable[[int, str], HttpResponse]
+
+
+def _status_lines() -> dict[int, bytes]:
+    return {status.value: f"HTTP/1.1 {status.value} {status.phrase}\r\n".encode() for status in HTTPStatus}
+
+
+_STATUS_LINES = _status_lines()
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def encode_response(response: HttpResponse, keep_alive: bool) -> bytes:
+    status_line = _STATUS_LINES.get(response.status) or f"HTTP/1.1 {response.status} \r\n".encode()
+    head = [
+        status_line,
+        b"content-type: ",
+        response.content_type,
+        b"\r\ncontent-length: ",
+        str(len(response.body)).encode(),
+        b"\r\n",
+    ]
+    for name, value in response.headers:
+        head += [name, b": ", value, b"\r\n"]
+    if not keep_alive:
+        head.append(b"connection: close\r\n")
+    head.append(b"\r\n")
+    head.append(response.body)
+    return b"".join(head)
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing; httptools wraps it, so the reason is kept aside."""
+
+
+class ServerState:
+    """Shared by every connection of one server: the handler, limits and live connections."""
+
+    def __init__(self, handler: Handler, on_error: ErrorResponder, max_body_bytes: int) -> None:
+        self.handler = handler
+        self.on_error = on_error
+        self.max_body_bytes = max_body_bytes
+        self.connections: set[HttpConnection] = set()
+        self.all_closed: asyncio.Event | None = None  # set by stop(); fires when the last connection closes
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection: parses requests and writes responses in order."""
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._url = b""
+        self._headers: dict[bytes, bytes] = {}
+        self._header_bytes = 0
+        self._body: list[bytes] = []
+        self._body_size = 0
+        self._queue: deque[HttpRequest] = deque()
+        self._inflight: asyncio.Future[HttpResponse] | None = None
+        self._inflight_request: HttpRequest | None = None
+        self._closing = False
+        self._draining = False
+        self._refusal: tuple[int, str] | None = None
+        self._reading_paused = False
+        self.last_active = time.monotonic()
+
+    # ---- asyncio.Protocol ----
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):  # not every socket type takes it
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._state.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._state.connections.discard(self)
+        if self._state.all_closed is not None and not self._state.connections:
+            self._state.all_closed.set()
+        self._closing = True
+        self._queue.clear()
+        if self._inflight is not None and not self._inflight.done():
+            self._inflight.cancel()  # a queued inference is dropped, not run
+
+    def data_received(self, data: bytes) -> None:
+        self.last_active = time.monotonic()
+        if self._closing:
+            return  # lingering after a refusal: the rest of the request is read and dropped
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, "protocol upgrades are not supported")
+        except (httptools.HttpParserError, _Refused) as exc:
+            if self._refusal is not None:
+                self._fail(*self._refusal)
+            else:
+                self._fail(400, f"malformed HTTP request: {exc}")
+
+    # ---- httptools callbacks ----
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = {}
+        self._header_bytes = 0
+        self._body = []
+        self._body_size = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._count_header_bytes(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.lower()] = value
+        self._count_header_bytes(len(name) + len(value))
+
+    def on_headers_complete(self) -> None:
+        declared = self._headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._state.max_body_bytes:
+            self._refuse(413, self._too_large_message(int(declared)))
+        if self._headers.get(b"expect", b"").lower() == b"100-continue" and self._transport is not None:
+            self._transport.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_size += len(body)
+        if self._body_size > self._state.max_body_bytes:
+            self._refuse(413, self._too_large_message(self._body_size))
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        url = httptools.parse_url(self._url) if self._url else None
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        request = HttpRequest(
+            method=self._parser.get_method().decode("ascii", "replace"),
+            path=(url.path if url is not None else b"/").decode("utf-8", "replace"),
+            query=(url.query or b"") if url is not None else b"",
+            headers=self._headers,
+            body=body,
+            keep_alive=self._parser.should_keep_alive(),
+        )
+        self._body = []
+        if self._inflight is not None or self._queue:
+            self._queue.append(request)
+            self._pause_reading()
+        else:
+            self._dispatch(request)
+
+    # ---- requests and responses ----
+
+    def _dispatch(self, request: HttpRequest) -> None:
+        try:
+            result = self._state.handler(request)
+        except Exception:  # the handler maps every expected error itself; this is a bug
+            log.exception("unhandled error for %s %s", request.method, request.path)
+            result = self._state.on_error(500, "internal server error")
+        if isinstance(result, HttpResponse):
+            self._write(request, result)
+            return
+        self._inflight = result
+        self._inflight_request = request
+        result.add_done_callback(self._on_inflight_done)
+
+    def _on_inflight_done(self, future: asyncio.Future[HttpResponse]) -> None:
+        request = self._inflight_request
+        self._inflight = None
+        self._inflight_request = None
+        if future.cancelled() or self._closing or request is None:
+            return
+        error = future.exception()
+        if error is not None:
+            log.error("unhandled error for %s %s", request.method, request.path, exc_info=error)
+            response = self._state.on_error(500, "internal server error")
+        else:
+            response = future.result()
+        self._write(request, response)
+
+    def _write(self, request: HttpRequest, response: HttpResponse) -> None:
+        transport = self._transport
+        if transport is None or self._closing:
+            return
+        keep_alive = request.keep_alive and not self._draining
+        transport.write(encode_response(response, keep_alive))
+        self.last_active = time.monotonic()
+        if not keep_alive:
+            self._close()
+            return
+        if self._queue:
+            self._dispatch(self._queue.popleft())
+        if not self._queue and self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+
+    def _fail(self, status: int, message: str) -> None:
+        """Answer a request that cannot be parsed or read, then close: the stream is out of step.
+
+        The close lingers: the client may still be sending the body it was refused for, and closing at
+        once would reset the connection before it reads the answer. So the write side is shut, what
+        still arrives is dropped, and the socket closes when the client does or after LINGER_S.
+        """
+        transport = self._transport
+        if transport is None or self._closing:
+            return
+        self._closing = True
+        transport.write(encode_response(self._state.on_error(status, message), keep_alive=False))
+        if transport.can_write_eof():
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+        else:
+            transport.close()
+
+    def _refuse(self, status: int, message: str) -> None:
+        self._refusal = (status, message)
+        raise _Refused(message)
+
+    def _too_large_message(self, size: int) -> str:
+        return (
+            f"request body of {size} bytes is larger than the limit of "
+            f"{self._state.max_body_bytes} bytes (server.max_request_size_mb)"
+        )
+
+    def _count_header_bytes(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > MAX_HEADER_BYTES:
+            self._refuse(431, f"request line and headers exceed {MAX_HEADER_BYTES} bytes")
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self._transport is not None:
+            self._reading_paused = True
+            self._transport.pause_reading()
+
+    def _close(self) -> None:
+        self._closing = True
+        if self._transport is not None:
+            self._transport.close()
+
+    # ---- server control ----
+
+    @property
+    def busy(self) -> bool:
+        return self._inflight is not None or bool(self._queue)
+
+    def shutdown(self) -> None:
+        """Close now if idle; otherwise close right after the in-flight response."""
+        self._draining = True
+        self._queue.clear()
+        if not self.busy:
+            self._close()
+
+    def abort(self) -> None:
+        self._close()
+
+    def close_if_idle_since(self, deadline: float) -> None:
+        if not self.busy and self.last_active < deadline:
+            self._close()
+
+
+class HttpServer:
+    """Listens on a bound socket and serves ``handler`` until ``stop``."""
+
+    def __init__(self, handler: Handler, on_error: ErrorResponder, max_body_bytes: int) -> None:
+        self._state = ServerState(handler, on_error, max_body_bytes)
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    async def start(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: HttpConnection(self._state), sock=sock, backlog=2048)
+        self._schedule_sweep()
+
+    def _schedule_sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._sweeper = loop.call_later(IDLE_TIMEOUT_S / 4, self._sweep)
+
+    def _sweep(self) -> None:
+        deadline = time.monotonic() - IDLE_TIMEOUT_S
+        for connection in list(self._state.connections):
+            connection.close_if_idle_since(deadline)
+        self._schedule_sweep()
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop accepting, let in-flight requests finish (up to ``timeout_s``), close every connection."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._server is not None:
+            self._server.close()
+        self._state.all_closed = asyncio.Event()
+        if not self._state.connections:
+            self._state.all_closed.set()
+        for connection in list(self._state.connections):
+            connection.shutdown()
+        try:
+            await asyncio.wait_for(self._state.all_closed.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("closing %d connection(s) that did not finish in time", len(self._state.connections))
+            for connection in list(self._state.connections):
+                connection.abort()
+        if self._server is not None:
+            await self._server.wait_closed()
