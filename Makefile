@@ -32,7 +32,10 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP)
+	@command -v wrk >/dev/null || { echo "installing wrk (Debian package) for the load generator"; \
+		apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/footprint.py
 
 models: $(STAMP)
 	$(BIN)/python scripts/make_example_models.py examples/model_repository

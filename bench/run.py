@@ -218,6 +218,7 @@ def edgeinfer_config(paths: dict[str, Path], threads: int) -> Path:
                 "backend_config": {"intra_op_num_threads": threads, "inter_op_num_threads": 1},
                 "max_batch_size": 8,
                 "batch_timeout_millis": 0,
+                "max_concurrent_batches": 2,
                 "max_queue_size": 1024,
             },
         },

@@ -1,0 +1,116 @@
+"""Footprint of `edgeinfer serve` on the bundled examples: ready time, idle RSS, installed size.
+
+    python bench/footprint.py [--skip-install-size]
+
+* ready: from starting the process to the first 200 from /v2/health/ready (models loaded and warmed up);
+* idle RSS: the server's VmRSS once ready, against a bare Python process that only imports ONNX Runtime
+  and creates a session for each of the same model files (the floor any Python server pays);
+* installed size: a fresh virtual environment with only numpy and onnxruntime (and what they pull in),
+  then `pip install .`: the growth is edgeinfer's own cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REPO = ROOT / "examples" / "model_repository"
+CONFIG = ROOT / "examples" / "config.yaml"
+
+BARE = """
+import glob, sys, onnxruntime as ort
+sessions = [ort.InferenceSession(path) for path in sys.argv[1:]]
+print(next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:")))
+"""
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def bare_rss_mib(model_files: list[str]) -> float:
+    out = subprocess.run(
+        [sys.executable, "-c", BARE, *model_files], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout.strip()) / 1024
+
+
+def serve_once(port: int) -> tuple[float, float]:
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edgeinfer", "serve", "--config", str(CONFIG), "--http-port", str(port),
+         "--host", "127.0.0.1", "--log-level", "WARNING"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.005)
+            if time.perf_counter() - started > 30:
+                raise SystemExit("edgeinfer did not become ready")
+        ready_s = time.perf_counter() - started
+        time.sleep(0.5)
+        return ready_s, rss_mib(process.pid)
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def du_mib(path: Path) -> float:
+    return sum(file.stat().st_size for file in path.rglob("*") if file.is_file()) / 2**20
+
+
+def installed_size_mib() -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as folder:
+        venv = Path(folder) / "venv"
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        subprocess.run([*pip, "numpy", "onnxruntime"], check=True)
+        base = du_mib(venv)
+        subprocess.run([*pip, str(ROOT)], check=True)
+        full = du_mib(venv)
+    return {"numpy_onnxruntime_mib": round(base, 1), "edgeinfer_adds_mib": round(full - base, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--skip-install-size", action="store_true")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    model_files = sorted(str(path) for path in REPO.glob("*/*/model.onnx"))
+    model_files.append(str(REPO / "simple" / "1" / "model.onnx"))  # config.yaml also serves simple_direct
+    runs = [serve_once(port) for _ in range(args.runs)]
+    bare = bare_rss_mib(model_files)
+    result: dict[str, object] = {
+        "ready_s": [round(ready, 3) for ready, _ in runs],
+        "idle_rss_mib": round(min(rss for _, rss in runs), 1),
+        "bare_onnxruntime_rss_mib": round(bare, 1),
+    }
+    result["rss_ratio"] = round(float(result["idle_rss_mib"]) / bare, 2)  # type: ignore[arg-type]
+    if not args.skip_install_size:
+        result.update(installed_size_mib())
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
