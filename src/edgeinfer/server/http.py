@@ -171,6 +171,7 @@ class V2Routes:
         self, request: HttpRequest, name: str, version: str | None
     ) -> HttpResponse | asyncio.Future[HttpResponse]:
         decoded = json_codec.decode_request(request.body)
+        request.body = b""  # a queued request holds only its tensors, not the JSON text too
         pending = self.service.submit(name, version, decoded)
         if pending.outputs.done():  # a fast model ran inline: answer without another loop iteration
             return _response(pending)
