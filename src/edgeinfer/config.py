@@ -97,6 +97,7 @@ class ServerConfig(_Frozen):
     metrics_port: int | None = Field(8082, ge=0, le=65535)
     workers: int = Field(1, ge=1)
     max_request_size_mb: float = Field(64.0, gt=0)
+    compress_min_bytes: int = Field(1024, ge=0, description="compress responses at least this large")
 
     @field_validator("workers")
     @classmethod

@@ -14,12 +14,12 @@ import numpy as np
 
 from edgeinfer import __version__
 from edgeinfer.errors import ModelNotReady
-from edgeinfer.protocol.types import InferRequest, InferResponse
+from edgeinfer.protocol.types import InferRequest, InferResponse, TensorSpec
 from edgeinfer.repository.registry import ModelState, Registry
 from edgeinfer.validation import check_request, parse_priority, parse_timeout_s
 
 SERVER_NAME = "edgeinfer"
-EXTENSIONS: tuple[str, ...] = ("statistics",)
+EXTENSIONS: tuple[str, ...] = ("binary_tensor_data", "statistics", "model_configuration")
 
 
 class InferenceService:
@@ -49,6 +49,40 @@ class InferenceService:
             "inputs": [spec.as_metadata() for spec in entry.backend.inputs],
             "outputs": [spec.as_metadata() for spec in entry.backend.outputs],
         }
+
+    def model_config(self, name: str, version: str | None) -> dict[str, Any]:
+        """Triton's model configuration layout (what tritonclient's ``get_model_config`` reads).
+
+        As in Triton, ``dims`` leave out the batch dimension when the model batches.
+        """
+        entry = self.registry.get(name, version)
+        batching = entry.policy.max_batch_size > 0
+
+        def tensors(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
+            return [
+                {
+                    "name": spec.name,
+                    "data_type": "TYPE_STRING" if spec.datatype == "BYTES" else f"TYPE_{spec.datatype}",
+                    "dims": list(spec.shape[1:] if batching else spec.shape),
+                }
+                for spec in specs
+            ]
+
+        config: dict[str, Any] = {
+            "name": name,
+            "platform": "onnxruntime_onnx",
+            "backend": entry.config.backend,
+            "max_batch_size": entry.policy.max_batch_size,
+            "input": tensors(entry.backend.inputs),
+            "output": tensors(entry.backend.outputs),
+        }
+        if batching:
+            config["dynamic_batching"] = {
+                "preferred_batch_size": list(entry.policy.preferred_batch_sizes),
+                "max_queue_delay_microseconds": int(entry.policy.max_queue_delay_s * 1_000_000),
+                "default_priority_level": entry.config.default_priority_level,
+            }
+        return config
 
     def model_ready(self, name: str, version: str | None) -> bool:
         try:

@@ -196,11 +196,11 @@ def _parameters(raw: Any, where: str) -> Parameters:
 
 def encode_response(response: InferResponse) -> bytes:
     """Encode a response with every output as JSON data."""
-    return dumps(response_document(response, binary=None))
+    return dumps(response_document(response, binary_sizes={}))
 
 
-def response_document(response: InferResponse, binary: set[str] | None) -> dict[str, Any]:
-    """The JSON part of a response; outputs named in ``binary`` carry only their size."""
+def response_document(response: InferResponse, binary_sizes: dict[str, int]) -> dict[str, Any]:
+    """The JSON part of a response; outputs named in ``binary_sizes`` carry their size, not data."""
     outputs = []
     for name, array in response.outputs.items():
         output: dict[str, Any] = {
@@ -208,8 +208,9 @@ def response_document(response: InferResponse, binary: set[str] | None) -> dict[
             "datatype": v2_datatype(array.dtype),
             "shape": list(array.shape),
         }
-        if binary is not None and name in binary:
-            output["parameters"] = {"binary_data_size": 0}  # filled in by the binary codec
+        size = binary_sizes.get(name)
+        if size is not None:
+            output["parameters"] = {"binary_data_size": size}
         else:
             output["data"] = array_to_json(name, array)
         outputs.append(output)

@@ -52,7 +52,8 @@ class Server:
         started = time.perf_counter()
         server_config = self.config.server
         self._http_socket = _bind(server_config.host, server_config.http_port)
-        self._http = HttpServer(V2Routes(self.service), error_response, server_config.max_request_bytes)
+        routes = V2Routes(self.service, server_config.max_request_bytes, server_config.compress_min_bytes)
+        self._http = HttpServer(routes, error_response, server_config.max_request_bytes)
         await self._http.start(self._http_socket)
         try:
             await self.registry.load(self._sources)

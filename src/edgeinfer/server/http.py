@@ -10,6 +10,7 @@ Routes::
     GET  /v2/models/{m}[/versions/{v}]             model metadata
     GET  /v2/models/{m}[/versions/{v}]/ready       model readiness
     GET  /v2/models[/{m}[/versions/{v}]]/stats     statistics (Triton's extension)
+    GET  /v2/models/{m}[/versions/{v}]/config      model configuration (Triton's extension)
     POST /v2/models/{m}[/versions/{v}]/infer       inference
     GET  /v1/models                                every model, version and state
     POST /v1/models/{m}[/versions/{v}]/predict     inference, same bodies as /infer
@@ -33,7 +34,8 @@ from edgeinfer.errors import (
     RequestTimeout,
     ServerBusy,
 )
-from edgeinfer.protocol import json_codec
+from edgeinfer.protocol import http_binary, json_codec
+from edgeinfer.server import http_compression
 from edgeinfer.server.http_protocol import HttpRequest, HttpResponse
 from edgeinfer.service import InferenceService, PendingInference
 
@@ -95,10 +97,16 @@ def _allow(request: HttpRequest, method: str) -> None:
 
 
 class V2Routes:
-    """The request handler given to ``HttpServer``."""
+    """The request handler given to ``HttpServer``.
 
-    def __init__(self, service: InferenceService) -> None:
+    ``max_body_bytes`` bounds decompressed bodies too; responses of at least ``compress_min_bytes`` are
+    compressed when the client sends ``Accept-Encoding: gzip`` or ``deflate``.
+    """
+
+    def __init__(self, service: InferenceService, max_body_bytes: int, compress_min_bytes: int) -> None:
         self.service = service
+        self.max_body_bytes = max_body_bytes
+        self.compress_min_bytes = compress_min_bytes
 
     def __call__(self, request: HttpRequest) -> HttpResponse | asyncio.Future[HttpResponse]:
         try:
@@ -162,6 +170,9 @@ class V2Routes:
         if action == "stats":
             _allow(request, "GET")
             return _json(200, service.model_statistics(name, version))
+        if action == "config":
+            _allow(request, "GET")
+            return _json(200, service.model_config(name, version))
         if action == "":
             _allow(request, "GET")
             return _json(200, service.model_metadata(name, version))
@@ -170,32 +181,60 @@ class V2Routes:
     def _infer(
         self, request: HttpRequest, name: str, version: str | None
     ) -> HttpResponse | asyncio.Future[HttpResponse]:
-        decoded = json_codec.decode_request(request.body)
-        request.body = b""  # a queued request holds only its tensors, not the JSON text too
+        decoded = http_binary.decode_request(self._body(request), _header_length(request))
+        request.body = b""  # a queued request holds only its tensors, not the body too
         pending = self.service.submit(name, version, decoded)
+        encoding = http_compression.choose_encoding(request.headers.get(b"accept-encoding"))
         if pending.outputs.done():  # a fast model ran inline: answer without another loop iteration
-            return _response(pending)
+            return self._response(pending, encoding)
         answer: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
-        pending.outputs.add_done_callback(lambda _: _answer(pending, answer))
+        pending.outputs.add_done_callback(lambda _: self._answer(pending, encoding, answer))
         answer.add_done_callback(lambda _: pending.outputs.cancel() if answer.cancelled() else None)
         return answer
 
+    def _body(self, request: HttpRequest) -> bytes:
+        encoding = request.headers.get(b"content-encoding")
+        if encoding is None:
+            return request.body
+        return http_compression.decompress(request.body, encoding, self.max_body_bytes)
 
-def _response(pending: PendingInference) -> HttpResponse:
-    error = pending.outputs.exception()
-    if error is not None:
-        return response_for_error(error)
+    def _answer(
+        self, pending: PendingInference, encoding: bytes | None, answer: asyncio.Future[HttpResponse]
+    ) -> None:
+        """Turn the finished inference into the HTTP response (runs as a future callback on the loop)."""
+        if answer.done():
+            return
+        if pending.outputs.cancelled():
+            answer.cancel()
+        else:
+            answer.set_result(self._response(pending, encoding))
+
+    def _response(self, pending: PendingInference, encoding: bytes | None) -> HttpResponse:
+        error = pending.outputs.exception()
+        if error is not None:
+            return response_for_error(error)
+        try:
+            response = pending.response()
+            binary = http_binary.binary_outputs(response, pending.request.parameters)
+            body, header_length = http_binary.encode_response(response, binary)
+        except Exception as encode_error:
+            return response_for_error(encode_error)
+        reply = HttpResponse(200, body)
+        if header_length is not None:
+            reply.content_type = b"application/octet-stream"
+            reply.headers.append((b"inference-header-content-length", str(header_length).encode()))
+        if encoding is not None and len(body) >= self.compress_min_bytes:
+            reply.body = http_compression.compress(body, encoding)
+            reply.headers.append((b"content-encoding", encoding))
+        return reply
+
+
+def _header_length(request: HttpRequest) -> int | None:
+    value = request.headers.get(b"inference-header-content-length")
+    if value is None:
+        return None
     try:
-        return HttpResponse(200, json_codec.encode_response(pending.response()))
-    except Exception as encode_error:
-        return response_for_error(encode_error)
-
-
-def _answer(pending: PendingInference, answer: asyncio.Future[HttpResponse]) -> None:
-    """Turn the finished inference into the HTTP response (runs as a future callback on the loop)."""
-    if answer.done():
-        return
-    if pending.outputs.cancelled():
-        answer.cancel()
-    else:
-        answer.set_result(_response(pending))
+        return int(value)
+    except ValueError:
+        shown = value.decode(errors="replace")
+        raise InvalidInput(f"Inference-Header-Content-Length {shown!r} is not a number") from None

@@ -1,0 +1,36 @@
+"""Generate the protobuf module from proto/edgeinfer_grpc_v2.proto (needs grpcio-tools).
+
+    python scripts/generate_grpc.py
+
+Writes src/edgeinfer/protocol/grpc_gen/edgeinfer_grpc_v2_pb2.py and its .pyi stub. The output is
+committed; lint skips it. No *_pb2_grpc.py is generated: the server registers generic handlers under
+Triton's service path itself (see src/edgeinfer/server/grpc.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from grpc_tools import protoc
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "src" / "edgeinfer" / "protocol" / "grpc_gen"
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "__init__.py").write_text('"""Generated protobuf code; do not edit. See scripts/generate_grpc.py."""\n')
+    return protoc.main(
+        [
+            "grpc_tools.protoc",
+            f"-I{ROOT / 'proto'}",
+            f"--python_out={OUT}",
+            f"--pyi_out={OUT}",
+            "edgeinfer_grpc_v2.proto",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Generated protobuf code; do not edit. See scripts/generate_grpc.py."""
