@@ -4,6 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 HTTP_PORT ?= 8080
+GRPC_PORT ?= 8081
 
 .PHONY: serve test lint typecheck bench models install clean
 
@@ -16,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 serve: $(STAMP)
-	$(BIN)/edgeinfer serve --config examples/config.yaml --http-port $(HTTP_PORT)
+	$(BIN)/edgeinfer serve --config examples/config.yaml --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT)
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts

@@ -42,6 +42,10 @@ models:
     backend_config: {intra_op_num_threads: 1}
     max_batch_size: 8
     max_queue_size: 4
+  slow_shared:
+    model_path: slow.onnx
+    backend_config: {intra_op_num_threads: 1}
+    max_batch_size: 8
   slow_unbatched:
     model_path: slow.onnx
     backend_config: {intra_op_num_threads: 1}

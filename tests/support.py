@@ -103,6 +103,7 @@ class ServerProcess:
 
     def __init__(self, args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
+        self.grpc_port = free_port()
         self.args = args
         self.cwd = cwd
         self.env = {**os.environ, **(env or {})}
@@ -111,13 +112,11 @@ class ServerProcess:
 
     def start(self, log_path: Path, timeout: float = 30) -> ServerProcess:
         self.log_path = log_path
+        command = [sys.executable, "-m", "edgeinfer", "serve", "--http-port", str(self.port)]
+        command += ["--grpc-port", str(self.grpc_port), *self.args]
         with log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "edgeinfer", "serve", "--http-port", str(self.port), *self.args],
-                cwd=self.cwd,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                command, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

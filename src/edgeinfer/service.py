@@ -120,11 +120,14 @@ class InferenceService:
             ]
         }
 
-    def submit(self, name: str, version: str | None, request: InferRequest) -> PendingInference:
+    def submit(
+        self, name: str, version: str | None, request: InferRequest, deadline_s: float | None = None
+    ) -> PendingInference:
         """Validate and queue a request; the returned object's ``outputs`` future resolves when it ran.
 
         Transports that answer from callbacks (HTTP) use this directly; cancelling ``outputs`` takes
-        the request out of the queue if it has not started.
+        the request out of the queue if it has not started. ``deadline_s`` is the transport's own
+        deadline (a gRPC client's), in seconds from now; the request's ``timeout`` parameter also counts.
         """
         entry = self.registry.get(name, version)
         if entry.state is not ModelState.READY:
@@ -139,7 +142,7 @@ class InferenceService:
             checked.group,
             output_names=checked.output_names,
             priority=parse_priority(request.parameters, entry.config.default_priority_level),
-            timeout_s=parse_timeout_s(request.parameters),
+            timeout_s=_earliest(parse_timeout_s(request.parameters), deadline_s),
         )
         return PendingInference(name, entry.version, request, outputs)
 
@@ -147,6 +150,11 @@ class InferenceService:
         pending = self.submit(name, version, request)
         await pending.outputs
         return pending.response()
+
+
+def _earliest(*timeouts_s: float | None) -> float | None:
+    given = [timeout for timeout in timeouts_s if timeout is not None]
+    return min(given) if given else None
 
 
 @dataclass(slots=True)

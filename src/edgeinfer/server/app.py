@@ -17,6 +17,7 @@ import signal
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from edgeinfer.config import Config
 from edgeinfer.errors import ConfigError
@@ -25,6 +26,9 @@ from edgeinfer.repository.sources import discover
 from edgeinfer.server.http import V2Routes, error_response
 from edgeinfer.server.http_protocol import HttpServer
 from edgeinfer.service import InferenceService
+
+if TYPE_CHECKING:
+    from edgeinfer.server.grpc import GrpcServer
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,7 @@ class Server:
         self.registry = Registry(self._executor)
         self.service = InferenceService(self.registry)
         self._http: HttpServer | None = None
+        self._grpc: GrpcServer | None = None
         self._http_socket: socket.socket | None = None
 
     @property
@@ -55,6 +60,10 @@ class Server:
         routes = V2Routes(self.service, server_config.max_request_bytes, server_config.compress_min_bytes)
         self._http = HttpServer(routes, error_response, server_config.max_request_bytes)
         await self._http.start(self._http_socket)
+        if server_config.grpc_port is not None:
+            await self._start_grpc(
+                server_config.host, server_config.grpc_port, server_config.max_request_bytes
+            )
         try:
             await self.registry.load(self._sources)
         except BaseException:
@@ -65,16 +74,36 @@ class Server:
         gc.freeze()
         self.service.set_ready(True)
         log.info(
-            "ready in %.0f ms: %d model version(s), HTTP on %s:%d",
+            "ready in %.0f ms: %d model version(s), HTTP on %s:%d, gRPC on %s",
             (time.perf_counter() - started) * 1000,
             len(self._sources),
             server_config.host,
             self.http_port,
+            self.grpc_port or "(off)",
         )
+
+    async def _start_grpc(self, host: str, port: int, max_message_bytes: int) -> None:
+        # grpcio costs memory and start-up time; it is imported only when the gRPC port is on.
+        from edgeinfer.server.grpc import GrpcServer
+
+        self._grpc = GrpcServer(self.service, max_message_bytes)
+        try:
+            await self._grpc.start(host, port)
+        except OSError as exc:
+            self._grpc = None
+            await self.stop()
+            raise ConfigError(str(exc)) from None
+
+    @property
+    def grpc_port(self) -> int | None:
+        return self._grpc.port if self._grpc is not None else None
 
     async def stop(self) -> None:
         """Stop taking connections, answer what is queued, free the models."""
         self.service.set_ready(False)
+        if self._grpc is not None:
+            await self._grpc.stop()
+            self._grpc = None
         if self._http is not None:
             await self._http.stop()
             self._http = None

@@ -1,0 +1,258 @@
+"""The gRPC adapter: ``inference.GRPCInferenceService`` on grpc.aio, the only module importing grpc.
+
+Like the HTTP adapter it only converts: protobuf to core types (``protocol.grpc_codec``), core errors to
+status codes (``CODE_BY_ERROR``, looked up along the MRO, with the same messages as HTTP). Handlers are
+registered under Triton's service path with our own message classes (see proto/edgeinfer_grpc_v2.proto
+for why), and a body that does not parse as the expected message is answered INVALID_ARGUMENT.
+
+A client's deadline becomes the request's deadline in the queue, and a cancelled call cancels its
+queued request, so neither is run for nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from edgeinfer.errors import (
+    EdgeInferError,
+    InferenceFailed,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    PayloadTooLarge,
+    RequestCancelled,
+    RequestTimeout,
+    ServerBusy,
+)
+from edgeinfer.protocol import grpc_codec
+from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
+from edgeinfer.service import InferenceService, PendingInference
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "inference.GRPCInferenceService"
+
+CODE_BY_ERROR: dict[type[BaseException], grpc.StatusCode] = {
+    PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    ModelNotFound: grpc.StatusCode.NOT_FOUND,
+    ModelNotReady: grpc.StatusCode.UNAVAILABLE,
+    ServerBusy: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    RequestTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
+    RequestCancelled: grpc.StatusCode.CANCELLED,
+    InferenceFailed: grpc.StatusCode.INTERNAL,
+    EdgeInferError: grpc.StatusCode.INTERNAL,
+}
+
+
+def code_for(error: BaseException) -> grpc.StatusCode:
+    for cls in type(error).__mro__:
+        code = CODE_BY_ERROR.get(cls)
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+class _Malformed:
+    """Stands in for a request that did not parse, so the handler can answer with a clear status."""
+
+    def __init__(self, message_name: str, detail: str) -> None:
+        self.text = f"the request is not a valid {message_name} protobuf message: {detail or 'cannot parse'}"
+
+
+def _parser(message_class: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except (DecodeError, RuntimeError) as exc:
+            return _Malformed(message_class.__name__, str(exc))
+
+    return parse
+
+
+Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+class GrpcServer:
+    def __init__(self, service: InferenceService, max_message_bytes: int) -> None:
+        self.service = service
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", -1),
+            ]
+        )
+        self._server.add_generic_rpc_handlers((self._handlers(),))
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            self.port = self._server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {address} for gRPC: {exc}") from None
+        if self.port == 0:
+            raise OSError(f"cannot listen on {address} for gRPC")
+        await self._server.start()
+        return self.port
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        await self._server.stop(grace_s)
+
+    def _handlers(self) -> grpc.GenericRpcHandler:
+        unary = self._unary
+        handlers = {
+            "ServerLive": unary(self.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
+            "ServerReady": unary(self.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
+            "ModelReady": unary(self.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
+            "ServerMetadata": unary(
+                self.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse
+            ),
+            "ModelMetadata": unary(self.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+            "ModelInfer": unary(self.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
+            "ModelConfig": unary(self.model_config, pb.ModelConfigRequest, pb.ModelConfigResponse),
+            "ModelStatistics": unary(
+                self.model_statistics, pb.ModelStatisticsRequest, pb.ModelStatisticsResponse
+            ),
+            "RepositoryIndex": unary(
+                self.repository_index, pb.RepositoryIndexRequest, pb.RepositoryIndexResponse
+            ),
+            "RepositoryModelLoad": unary(
+                self.repository_model_load, pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse
+            ),
+            "RepositoryModelUnload": unary(
+                self.repository_model_unload,
+                pb.RepositoryModelUnloadRequest,
+                pb.RepositoryModelUnloadResponse,
+            ),
+            "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
+                self.model_stream_infer,
+                request_deserializer=_parser(pb.ModelInferRequest),
+                response_serializer=pb.ModelStreamInferResponse.SerializeToString,
+            ),
+        }
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+    @staticmethod
+    def _unary(handler: Handler, request_class: Any, response_class: Any) -> grpc.RpcMethodHandler:
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, _Malformed):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.text)
+            try:
+                return await handler(request, context)
+            except EdgeInferError as error:
+                await context.abort(code_for(error), error.message)
+
+        return grpc.unary_unary_rpc_method_handler(
+            call,
+            request_deserializer=_parser(request_class),
+            response_serializer=response_class.SerializeToString,
+        )
+
+    # ---- the RPCs ----
+
+    async def server_live(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.service.live())
+
+    async def server_ready(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.service.ready())
+
+    async def model_ready(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.service.model_ready(request.name, request.version or None))
+
+    async def server_metadata(
+        self, request: pb.ServerMetadataRequest, context: Any
+    ) -> pb.ServerMetadataResponse:
+        return grpc_codec.from_dict(self.service.server_metadata(), pb.ServerMetadataResponse())
+
+    async def model_metadata(
+        self, request: pb.ModelMetadataRequest, context: Any
+    ) -> pb.ModelMetadataResponse:
+        metadata = self.service.model_metadata(request.name, request.version or None)
+        return grpc_codec.from_dict(metadata, pb.ModelMetadataResponse())
+
+    async def model_config(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        config = self.service.model_config(request.name, request.version or None)
+        return grpc_codec.from_dict({"config": config}, pb.ModelConfigResponse())
+
+    async def model_statistics(
+        self, request: pb.ModelStatisticsRequest, context: Any
+    ) -> pb.ModelStatisticsResponse:
+        statistics = self.service.model_statistics(request.name or None, request.version or None)
+        return grpc_codec.from_dict(statistics, pb.ModelStatisticsResponse())
+
+    async def repository_index(
+        self, request: pb.RepositoryIndexRequest, context: Any
+    ) -> pb.RepositoryIndexResponse:
+        models = [
+            {"name": model["name"], **version}
+            for model in self.service.model_index()
+            for version in model["versions"]
+            if not request.ready or version["state"] == "READY"
+        ]
+        return grpc_codec.from_dict({"models": models}, pb.RepositoryIndexResponse())
+
+    async def repository_model_load(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "loading models at run time is not supported yet; restart the server",
+        )
+
+    async def repository_model_unload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "unloading models at run time is not supported yet; restart the server",
+        )
+
+    def _submit(self, request: pb.ModelInferRequest, deadline_s: float | None) -> PendingInference:
+        decoded = grpc_codec.decode_infer_request(request)
+        return self.service.submit(request.model_name, request.model_version or None, decoded, deadline_s)
+
+    async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        pending = self._submit(request, context.time_remaining())
+        await pending.outputs  # a cancelled call cancels this await, and with it the queued request
+        return grpc_codec.encode_infer_response(pending.response())
+
+    async def model_stream_infer(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Every request on the stream is queued as it arrives (so they batch) and answered in order."""
+        answers: asyncio.Queue[PendingInference | EdgeInferError | str | None] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    if isinstance(request, _Malformed):
+                        answers.put_nowait(request.text)
+                        continue
+                    try:
+                        answers.put_nowait(self._submit(request, None))
+                    except EdgeInferError as error:
+                        answers.put_nowait(error)
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (item := await answers.get()) is not None:
+                yield await _stream_answer(item)
+        finally:
+            reader.cancel()
+
+
+async def _stream_answer(item: PendingInference | EdgeInferError | str) -> pb.ModelStreamInferResponse:
+    if isinstance(item, str):
+        return pb.ModelStreamInferResponse(error_message=item)
+    if isinstance(item, EdgeInferError):
+        return pb.ModelStreamInferResponse(error_message=item.message)
+    try:
+        await item.outputs
+        return pb.ModelStreamInferResponse(infer_response=grpc_codec.encode_infer_response(item.response()))
+    except EdgeInferError as error:
+        return pb.ModelStreamInferResponse(error_message=error.message)
