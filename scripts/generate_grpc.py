@@ -20,7 +20,8 @@ OUT = ROOT / "src" / "edgeinfer" / "protocol" / "grpc_gen"
 
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "__init__.py").write_text('"""Generated protobuf code; do not edit. See scripts/generate_grpc.py."""\n')
+    note = '"""Generated protobuf code; do not edit. See scripts/generate_grpc.py."""\n'
+    (OUT / "__init__.py").write_text(note)
     return protoc.main(
         [
             "grpc_tools.protoc",
