@@ -33,8 +33,9 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP)
-	@command -v wrk >/dev/null || { echo "installing wrk (Debian package) for the load generator"; \
-		apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
+	@command -v wrk >/dev/null && command -v h2load >/dev/null || { \
+		echo "installing the load generators wrk and h2load (Debian packages)"; \
+		apt-get update -qq && apt-get install -y -qq wrk nghttp2-client >/dev/null; }
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/footprint.py
 

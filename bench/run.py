@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -70,15 +71,63 @@ def build_models() -> dict[str, Path]:
     return {"tiny": models.tiny(WORK / "tiny.onnx"), "cnn": models.cnn(WORK / "cnn.onnx")}
 
 
-def json_body(model: str, rows: int = 1) -> Path:
+@dataclass
+class Body:
+    """A prepared request: the bytes a load generator sends, and the headers that go with them."""
+
+    path: Path
+    headers: dict[str, str]
+
+
+def sample(model: str, rows: int = 1) -> tuple[str, np.ndarray]:
     name, shape = INPUTS[model]
-    data = np.random.default_rng(0).standard_normal((rows, *shape)).astype(np.float32)
+    return name, np.random.default_rng(0).standard_normal((rows, *shape)).astype(np.float32)
+
+
+def json_body(model: str) -> Body:
+    name, data = sample(model)
     body = {
         "inputs": [{"name": name, "shape": list(data.shape), "datatype": "FP32", "data": data.reshape(-1)}]
     }
     path = WORK / f"{model}.json"
     path.write_bytes(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY))
-    return path
+    return Body(path, {})
+
+
+def binary_body(model: str) -> Body:
+    """Triton's binary tensor extension, as tritonclient sends it: JSON header, then raw bytes."""
+    name, data = sample(model)
+    raw = data.tobytes()
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": name,
+                    "shape": list(data.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    )
+    path = WORK / f"{model}.bin"
+    path.write_bytes(header + raw)
+    return Body(path, {"Inference-Header-Content-Length": str(len(header))})
+
+
+def grpc_body(model: str) -> Body:
+    """One length-prefixed gRPC message (ModelInferRequest with raw_input_contents)."""
+    from tritonclient.grpc import service_pb2  # the client library users have, not our own messages
+
+    name, data = sample(model)
+    message = service_pb2.ModelInferRequest(model_name=model)
+    message.inputs.add(name=name, datatype="FP32", shape=list(data.shape))
+    message.raw_input_contents.append(data.tobytes())
+    payload = message.SerializeToString()
+    path = WORK / f"{model}.grpc"
+    path.write_bytes(b"\x00" + struct.pack(">I", len(payload)) + payload)
+    return Body(path, {"content-type": "application/grpc", "te": "trailers"})
 
 
 def inprocess(
@@ -103,9 +152,10 @@ def inprocess(
 
 
 class Process:
-    def __init__(self, name: str, command: list[str], port: int) -> None:
+    def __init__(self, name: str, command: list[str], port: int, grpc_port: int = 0) -> None:
         self.name = name
         self.port = port
+        self.grpc_port = grpc_port
         self.log = (WORK / f"{name}.log").open("wb")
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
         self.ready_s = self._wait_ready()
@@ -146,29 +196,65 @@ class Process:
         self.log.close()
 
 
-def batch_counts(port: int, model: str) -> tuple[int, int]:
+def batch_counts(port: int, model: str) -> tuple[int, int, int]:
+    """(rows, batches, successful requests) so far, from edgeinfer's statistics; zeros elsewhere."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=5) as reply:
             [entry] = json.loads(reply.read())["model_stats"]
-        return entry["inference_count"], entry["execution_count"]
+        success = entry["inference_stats"]["success"]["count"]
+        return entry["inference_count"], entry["execution_count"], success
     except OSError:
-        return 0, 0
+        return 0, 0, 0
 
 
-def wrk(port: int, path: str, body: Path, concurrency: int, seconds: float, pinned: bool) -> dict:
+def wrk(port: int, path: str, body: Body, concurrency: int, seconds: float, pinned: bool) -> dict:
     command = [
         "wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
         "-s", str(HERE / "report.lua"), f"http://127.0.0.1:{port}{path}",
     ]  # fmt: skip
     if pinned:
         command = ["taskset", "-c", "1", *command]
-    result = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, "BENCH_BODY": str(body)}
-    )
+    headers = ";".join(f"{key}: {value}" for key, value in body.headers.items())
+    env = {**os.environ, "BENCH_BODY": str(body.path), "BENCH_HEADERS": headers}
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
     line = [text for text in result.stdout.splitlines() if text.startswith("{")]
     if not line:
         raise SystemExit(f"wrk failed: {result.stdout}\n{result.stderr}")
     return json.loads(line[-1])
+
+
+def h2load(port: int, path: str, body: Body, concurrency: int, seconds: float, pinned: bool) -> dict:
+    """gRPC load with nghttp2's h2load (C): one stream per connection, like wrk's connections.
+
+    h2load sees HTTP status only; gRPC errors travel in trailers, so callers count them from the
+    server's statistics instead.
+    """
+    log = WORK / "h2load.log"
+    log.unlink(missing_ok=True)  # h2load appends
+    command = [
+        "h2load", "-t1", f"-c{concurrency}", "-m1", f"-D{max(1, round(seconds))}", "-d", str(body.path),
+        f"--log-file={log}", *(f"-H{key}: {value}" for key, value in body.headers.items()),
+        f"http://127.0.0.1:{port}{path}",
+    ]  # fmt: skip
+    if pinned:
+        command = ["taskset", "-c", "1", *command]
+    result = subprocess.run(command, capture_output=True, text=True)
+    finished = [line for line in result.stdout.splitlines() if line.startswith("finished in")]
+    if not finished or not log.exists():
+        raise SystemExit(f"h2load failed: {result.stdout}\n{result.stderr}")
+    rows = [line.split("\t") for line in log.read_text().splitlines() if line.strip()]
+    latencies = np.array([int(row[2]) for row in rows if row[1] == "200"], dtype=np.int64)
+    duration_s = float(finished[0].split()[2].rstrip("s,"))
+    percentiles = np.percentile(latencies, [50, 90, 99]) if len(latencies) else [0, 0, 0]
+    return {
+        "requests": len(latencies),
+        "duration_us": duration_s * 1e6,
+        "status_errors": sum(1 for row in rows if row[1] != "200"),
+        "socket_errors": 0,
+        "p50_us": percentiles[0],
+        "p90_us": percentiles[1],
+        "p99_us": percentiles[2],
+    }
 
 
 def nearest_limit(limits: dict[int, float], batch: float) -> float:
@@ -178,24 +264,30 @@ def nearest_limit(limits: dict[int, float], batch: float) -> float:
 
 
 def measure(
-    server: Process, label: str, model: str, body: Path, concurrency: int, seconds: float, pinned: bool,
-    limits: dict[int, float],
+    server: Process, label: str, model: str, protocol: str, body: Body, concurrency: int, seconds: float,
+    pinned: bool, limits: dict[int, float],
 ) -> Row:  # fmt: skip
-    path = f"/v2/models/{model}/infer"
-    wrk(server.port, path, body, concurrency, min(1.0, seconds), pinned)  # warm up connections and caches
-    rows_before, executions_before = batch_counts(server.port, model)
+    if protocol == "grpc":
+        port, path, load = server.grpc_port, "/inference.GRPCInferenceService/ModelInfer", h2load
+    else:
+        port, path, load = server.port, f"/v2/models/{model}/infer", wrk
+    load(port, path, body, concurrency, min(1.0, seconds), pinned)  # warm up connections and caches
+    rows_before, executions_before, successes_before = batch_counts(server.port, model)
     cpu_before = server.cpu_s()
-    result = wrk(server.port, path, body, concurrency, seconds, pinned)
+    result = load(port, path, body, concurrency, seconds, pinned)
     cpu = server.cpu_s() - cpu_before
-    rows_after, executions_after = batch_counts(server.port, model)
+    rows_after, executions_after, successes_after = batch_counts(server.port, model)
     requests = max(1, result["requests"])
     rate = result["requests"] / (result["duration_us"] / 1e6)
     executions = executions_after - executions_before
     mean_batch = (rows_after - rows_before) / executions if executions else 1.0
+    errors = result["status_errors"] + result["socket_errors"]
+    if protocol == "grpc" and label == "edgeinfer":
+        errors += max(0, result["requests"] - (successes_after - successes_before))
     return Row(
         server=label,
         model=model,
-        protocol="json",
+        protocol=protocol,
         concurrency=concurrency,
         pinned=pinned,
         requests_per_s=round(rate, 1),
@@ -205,7 +297,7 @@ def measure(
         p99_ms=result["p99_us"] / 1000,
         mean_batch=round(mean_batch, 2),
         cpu_ms_per_request=round(cpu * 1000 / requests, 3),
-        errors=result["status_errors"] + result["socket_errors"],
+        errors=errors,
         ratio_to_inprocess=round(rate / nearest_limit(limits, mean_batch), 3),
     )
 
@@ -223,9 +315,10 @@ def edgeinfer_config(paths: dict[str, Path], threads: int) -> Path:
             "cnn": {
                 "model_path": str(paths["cnn"]),
                 "backend_config": {"intra_op_num_threads": threads, "inter_op_num_threads": 1},
-                "max_batch_size": 8,
+                "max_batch_size": 1,
                 "batch_timeout_millis": 0,
-                "max_concurrent_batches": 2,
+                "max_concurrent_batches": 1,
+                "prefetch_batches": 1,
                 "max_queue_size": 1024,
             },
         },
@@ -237,14 +330,15 @@ def edgeinfer_config(paths: dict[str, Path], threads: int) -> Path:
 
 
 TABLE_HEADER = (
-    "| server | model | conc | pinned | req/s | rows/s | p50 ms | p90 ms | p99 ms | batch | CPU ms/req "
-    "| errors | vs in-process |"
+    "| server | model | protocol | conc | pinned | req/s | rows/s | p50 ms | p90 ms | p99 ms | batch "
+    "| CPU ms/req | errors | vs in-process |"
 )
 
 
 def table_line(row: Row) -> str:
     return (
-        f"| {row.server} | {row.model} | {row.concurrency} | {'yes' if row.pinned else 'no'} | "
+        f"| {row.server} | {row.model} | {row.protocol} | {row.concurrency} | "
+        f"{'yes' if row.pinned else 'no'} | "
         f"{row.requests_per_s:,.0f} | {row.rows_per_s:,.0f} | {row.p50_ms:.3f} | {row.p90_ms:.3f} | "
         f"{row.p99_ms:.3f} | {row.mean_batch:.2f} | {row.cpu_ms_per_request:.3f} | {row.errors} | "
         f"{row.ratio_to_inprocess:.3f} |"
@@ -252,7 +346,7 @@ def table_line(row: Row) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    return "\n".join([TABLE_HEADER, "|" + "---|" * 13, *(table_line(row) for row in rows)])
+    return "\n".join([TABLE_HEADER, "|" + "---|" * 14, *(table_line(row) for row in rows)])
 
 
 def main() -> None:
@@ -264,15 +358,19 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,8,64")
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
     parser.add_argument("--servers", default="edgeinfer,fastapi")
+    parser.add_argument("--protocols", default="json,binary,grpc", help="binary and grpc: edgeinfer only")
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
-        raise SystemExit("wrk is needed: apt-get install wrk (make bench does this)")
+    for tool in ("wrk", "h2load"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is needed: apt-get install wrk nghttp2-client (make bench does this)")
     WORK.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     wanted_models = args.models.split(",")
     concurrencies = [int(value) for value in args.concurrency.split(",")]
     paths = build_models()
-    bodies = {model: json_body(model) for model in wanted_models}
+    protocols = args.protocols.split(",")
+    makers = {"json": json_body, "binary": binary_body, "grpc": grpc_body}
+    bodies = {(model, protocol): makers[protocol](model) for model in wanted_models for protocol in protocols}
 
     limits = {}
     for model in wanted_models:
@@ -286,13 +384,14 @@ def main() -> None:
 
     servers = {}
     if "edgeinfer" in args.servers:
-        port = free_port()
+        port, grpc_port = free_port(), free_port()
         config = edgeinfer_config(paths, args.threads)
         servers["edgeinfer"] = Process(
             "edgeinfer",
             [sys.executable, "-m", "edgeinfer", "serve", "--config", str(config), "--http-port", str(port),
-             "--host", "127.0.0.1"],
+             "--grpc-port", str(grpc_port), "--host", "127.0.0.1"],
             port,
+            grpc_port,
         )  # fmt: skip
     if "fastapi" in args.servers:
         port = free_port()
@@ -310,23 +409,20 @@ def main() -> None:
     rows: list[Row] = []
     try:
         for model in wanted_models:
-            for pinned in [False, True] if model == "tiny" else [False]:
-                for name, server in servers.items():
-                    server.pin("0" if pinned else "0-1")
-                    for concurrency in concurrencies:
-                        row = measure(
-                            server,
-                            name,
-                            model,
-                            bodies[model],
-                            concurrency,
-                            args.duration,
-                            pinned,
-                            limits[model],
-                        )
-                        rows.append(row)
-                        print(table_line(row), flush=True)
-                    server.pin("0-1")
+            for protocol in protocols:
+                for pinned in [False, True] if model == "tiny" else [False]:
+                    for name, server in servers.items():
+                        if protocol != "json" and name != "edgeinfer":
+                            continue  # the baseline speaks JSON only
+                        server.pin("0" if pinned else "0-1")
+                        for concurrency in concurrencies:
+                            row = measure(
+                                server, name, model, protocol, bodies[model, protocol], concurrency,
+                                args.duration, pinned, limits[model],
+                            )  # fmt: skip
+                            rows.append(row)
+                            print(table_line(row), flush=True)
+                        server.pin("0-1")
         for name, server in servers.items():
             footprint[name]["peak_rss_mib"] = round(server.memory_mib("VmHWM"), 1)
     finally:

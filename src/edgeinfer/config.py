@@ -49,6 +49,7 @@ class ModelConfig(_Frozen):
     batch_timeout_millis: float = Field(0.0, ge=0, description="longest wait of the oldest request")
     preferred_batch_sizes: tuple[int, ...] = ()
     max_concurrent_batches: int = Field(1, ge=1)
+    prefetch_batches: int = Field(0, ge=0, description="batches formed ahead, waiting for a compute slot")
     max_queue_size: int = Field(512, ge=1, description="queued requests (not rows) before 429")
     queue_timeout_millis: float | None = Field(None, gt=0)
     default_priority_level: int = Field(1, ge=1)

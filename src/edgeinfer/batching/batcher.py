@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
@@ -35,10 +36,15 @@ class _Job:
 
 @dataclass(frozen=True, slots=True)
 class QueueLimits:
-    """How much may wait and run. ``inline_max_s``: see ``Batcher``; 0 always uses the thread pool."""
+    """How much may wait and run. ``inline_max_s``: see ``Batcher``; 0 always uses the thread pool.
+
+    ``max_concurrent_batches`` batches compute at once; ``prefetch_batches`` more may be formed and handed
+    to worker threads ahead of time, where they wait for a compute slot (see ``Batcher``).
+    """
 
     max_queue_size: int = 512
     max_concurrent_batches: int = 1
+    prefetch_batches: int = 0
     queue_timeout_s: float | None = None
     inline_max_s: float = 0.0
 
@@ -51,6 +57,13 @@ class Batcher:
     request, so a batch predicted to take at most ``limits.inline_max_s`` (from the measured time per row
     of earlier batches) runs directly on the event loop instead: it blocks the loop for less time than
     the hop would. Slow models, and every model until its first batch has been timed, use the pool.
+
+    Prefetching: when a batch finishes, its worker thread needs the GIL to hand back the results and the
+    event loop to start the next batch; if the loop is busy decoding a large JSON request (milliseconds,
+    holding the GIL), the model sits idle meanwhile. With ``prefetch_batches`` the next batch is formed
+    while the current one computes and waits in its own worker thread for the compute slot, so it starts
+    the moment the slot frees up. Batches formed early are smaller, so this suits models whose
+    throughput does not grow with batch size (most CPU models).
     """
 
     def __init__(
@@ -68,6 +81,8 @@ class Batcher:
         self._executor = executor
         self._pending: list[Pending] = []
         self._running = 0
+        self._slots = limits.max_concurrent_batches + limits.prefetch_batches
+        self._compute_slots = threading.BoundedSemaphore(limits.max_concurrent_batches)
         self._sequence = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
@@ -126,11 +141,7 @@ class Batcher:
         self._idle.clear()
         future.add_done_callback(partial(self._on_answered, item))
         self._outstanding += 1
-        if (
-            self._outstanding == 1
-            and self._running < self.limits.max_concurrent_batches
-            and self._goes_alone(rows)
-        ):
+        if self._outstanding == 1 and self._running < self._slots and self._goes_alone(rows):
             # Nothing else in flight: no other request can join, so start now; a fast model runs inline
             # and the caller finds the future already done.
             self._start([item])
@@ -189,7 +200,7 @@ class Batcher:
             now = time.monotonic()
         wake_at: float | None = None
         while self._pending:
-            if self._running >= self.limits.max_concurrent_batches:
+            if self._running >= self._slots:
                 self._pending, expired = split_expired(self._pending, now)
                 self._expire(expired, now)
                 wake_at = next_deadline(self._pending)
@@ -256,10 +267,12 @@ class Batcher:
             inputs = jobs[0].inputs
         else:
             inputs = {name: np.concatenate([job.inputs[name] for job in jobs]) for name in jobs[0].inputs}
-        concatenated = time.perf_counter_ns()
-        outputs = self._run(inputs, output_names)
-        computed = time.perf_counter_ns()
-        times.input_ns, times.infer_ns = concatenated - started, computed - concatenated
+        times.input_ns = time.perf_counter_ns() - started
+        with self._compute_slots:  # a prefetched batch waits here, ready to go
+            computing = time.perf_counter_ns()
+            outputs = self._run(inputs, output_names)
+            computed = time.perf_counter_ns()
+        times.infer_ns = computed - computing
         results = self._split(outputs, rows)
         times.output_ns = time.perf_counter_ns() - computed
         return results

@@ -77,6 +77,7 @@ class Registry:
             limits=QueueLimits(
                 max_queue_size=config.max_queue_size,
                 max_concurrent_batches=config.max_concurrent_batches,
+                prefetch_batches=config.prefetch_batches,
                 queue_timeout_s=config.queue_timeout_millis / 1000 if config.queue_timeout_millis else None,
                 inline_max_s=config.inline_max_us / 1e6,
             ),

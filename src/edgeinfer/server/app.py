@@ -37,7 +37,9 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self._sources = discover(config)
-        workers = sum(source.config.max_concurrent_batches for source in self._sources)
+        workers = sum(
+            source.config.max_concurrent_batches + source.config.prefetch_batches for source in self._sources
+        )
         self._executor = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="edgeinfer-infer")
         self.registry = Registry(self._executor)
         self.service = InferenceService(self.registry)
