@@ -16,7 +16,7 @@ from tests.fakes import FakeBackend
 
 def make(backend: FakeBackend, policy=None, limits=None) -> tuple[Batcher, ThreadPoolExecutor]:
     limits = limits or QueueLimits()
-    executor = ThreadPoolExecutor(max_workers=limits.max_concurrent_batches)
+    executor = ThreadPoolExecutor(max_workers=limits.max_concurrent_batches + limits.prefetch_batches)
     batcher = Batcher(
         "fake",
         backend.infer,
@@ -199,3 +199,20 @@ def test_drain_waits_for_queued_work_and_refuses_new():
         executor.shutdown()
 
     asyncio.run(main())
+
+
+def test_prefetched_batches_wait_for_the_compute_slot():
+    async def main():
+        backend = FakeBackend(delay_s=0.02)
+        batcher, executor = make(
+            backend,
+            policy=BatchPolicy(max_batch_size=1),
+            limits=QueueLimits(max_concurrent_batches=1, prefetch_batches=1),
+        )
+        results = await asyncio.gather(*(submit(batcher, float(i)) for i in range(6)))
+        executor.shutdown()
+        return backend, results
+
+    backend, results = asyncio.run(main())
+    assert backend.max_concurrent == 1, "prefetched batches never compute at the same time"
+    assert [result["y"][0, 0] for result in results] == [2.0 * i for i in range(6)]
