@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import subprocess
 import sys
 import tempfile
@@ -45,11 +46,19 @@ def bare_rss_mib(model_files: list[str]) -> float:
     return int(out.stdout.strip()) / 1024
 
 
-def serve_once(port: int) -> tuple[float, float]:
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_once(grpc: bool) -> tuple[float, float]:
+    port = free_port()
     started = time.perf_counter()
+    grpc_flags = ["--grpc-port", str(free_port())] if grpc else ["--no-grpc"]
     process = subprocess.Popen(
         [sys.executable, "-m", "edgeinfer", "serve", "--config", str(CONFIG), "--http-port", str(port),
-         "--host", "127.0.0.1", "--log-level", "WARNING"],
+         *grpc_flags, "--host", "127.0.0.1", "--log-level", "WARNING"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -92,21 +101,18 @@ def main() -> None:
     parser.add_argument("--skip-install-size", action="store_true")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     model_files = sorted(str(path) for path in REPO.glob("*/*/model.onnx"))
     model_files.append(str(REPO / "simple" / "1" / "model.onnx"))  # config.yaml also serves simple_direct
-    runs = [serve_once(port) for _ in range(args.runs)]
     bare = bare_rss_mib(model_files)
-    result: dict[str, object] = {
-        "ready_s": [round(ready, 3) for ready, _ in runs],
-        "idle_rss_mib": round(min(rss for _, rss in runs), 1),
-        "bare_onnxruntime_rss_mib": round(bare, 1),
-    }
-    result["rss_ratio"] = round(float(result["idle_rss_mib"]) / bare, 2)  # type: ignore[arg-type]
+    result: dict[str, object] = {"bare_onnxruntime_rss_mib": round(bare, 1)}
+    for label, grpc in (("http_only", False), ("http_and_grpc", True)):
+        runs = [serve_once(grpc) for _ in range(args.runs)]
+        rss = min(rss for _, rss in runs)
+        result[label] = {
+            "ready_s": [round(ready, 3) for ready, _ in runs],
+            "idle_rss_mib": round(rss, 1),
+            "rss_ratio": round(rss / bare, 2),
+        }
     if not args.skip_install_size:
         result.update(installed_size_mib())
     print(json.dumps(result, indent=1))

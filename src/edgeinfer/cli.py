@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to listen on (default 0.0.0.0)")
     serve.add_argument("--http-port", type=int, metavar="PORT", help="HTTP port (default 8080)")
     serve.add_argument("--grpc-port", type=int, metavar="PORT", help="gRPC port (default 8081)")
+    serve.add_argument("--no-grpc", action="store_true", help="serve no gRPC (grpcio is then never imported)")
     serve.add_argument(
         "--metrics-port", type=int, metavar="PORT", help="Prometheus metrics port (default 8082)"
     )
@@ -70,6 +71,9 @@ def serve(args: argparse.Namespace) -> int:
         "server.metrics_port": args.metrics_port,
         "logging.level": args.log_level,
     }
+    overrides = {key: value for key, value in overrides.items() if value is not None}
+    if args.no_grpc:
+        overrides["server.grpc_port"] = None
     if args.config is None and args.model_repository is None:
         print("edgeinfer serve: give --config PATH and/or --model-repository DIR", file=sys.stderr)
         return EXIT_CONFIG

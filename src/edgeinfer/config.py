@@ -138,7 +138,10 @@ class Config(_Frozen):
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Config:
-    """Read, override, validate and resolve a configuration. Raises ConfigError, never a traceback."""
+    """Read, override, validate and resolve a configuration. Raises ConfigError, never a traceback.
+
+    ``overrides`` maps dotted keys (``server.http_port``) to values that replace the file's.
+    """
     raw: dict[str, Any] = {}
     base_dir = Path.cwd()
     source = "command line"
@@ -148,8 +151,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         raw = read_yaml_mapping(path)
         base_dir = path.resolve().parent
     for dotted, value in (overrides or {}).items():
-        if value is not None:
-            _set_dotted(raw, dotted, value)
+        _set_dotted(raw, dotted, value)
     config = parse(Config, raw, source)
     return _resolve_paths(config, base_dir, source)
 

@@ -105,9 +105,10 @@ def test_batch_timeout_aliases(tmp_path, model_file):
 
 def test_cli_overrides_win_over_the_file(tmp_path, model_file):
     path = write(tmp_path, "server: {http_port: 1234}\nlogging: {level: INFO}\n")
-    config = load_config(path, {"server.http_port": 9999, "logging.level": "debug", "server.host": None})
+    config = load_config(path, {"server.http_port": 9999, "logging.level": "debug", "server.grpc_port": None})
     assert config.server.http_port == 9999
     assert config.logging.level == "DEBUG"
+    assert config.server.grpc_port is None
     assert config.server.host == "0.0.0.0"
 
 
