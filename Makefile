@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 HTTP_PORT ?= 8080
 GRPC_PORT ?= 8081
+METRICS_PORT ?= 8082
 
 .PHONY: serve test lint typecheck bench models install clean
 
@@ -17,7 +18,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 serve: $(STAMP)
-	$(BIN)/edgeinfer serve --config examples/config.yaml --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT)
+	$(BIN)/edgeinfer serve --config examples/config.yaml --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts

@@ -58,7 +58,7 @@ def serve_once(grpc: bool) -> tuple[float, float]:
     grpc_flags = ["--grpc-port", str(free_port())] if grpc else ["--no-grpc"]
     process = subprocess.Popen(
         [sys.executable, "-m", "edgeinfer", "serve", "--config", str(CONFIG), "--http-port", str(port),
-         *grpc_flags, "--host", "127.0.0.1", "--log-level", "WARNING"],
+         *grpc_flags, "--metrics-port", str(free_port()), "--host", "127.0.0.1", "--log-level", "WARNING"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip

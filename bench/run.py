@@ -389,7 +389,7 @@ def main() -> None:
         servers["edgeinfer"] = Process(
             "edgeinfer",
             [sys.executable, "-m", "edgeinfer", "serve", "--config", str(config), "--http-port", str(port),
-             "--grpc-port", str(grpc_port), "--host", "127.0.0.1"],
+             "--grpc-port", str(grpc_port), "--metrics-port", str(free_port()), "--host", "127.0.0.1"],
             port,
             grpc_port,
         )  # fmt: skip

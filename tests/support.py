@@ -104,6 +104,7 @@ class ServerProcess:
     def __init__(self, args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.grpc_port = free_port()
+        self.metrics_port = free_port()
         self.args = args
         self.cwd = cwd
         self.env = {**os.environ, **(env or {})}
@@ -113,7 +114,7 @@ class ServerProcess:
     def start(self, log_path: Path, timeout: float = 30) -> ServerProcess:
         self.log_path = log_path
         command = [sys.executable, "-m", "edgeinfer", "serve", "--http-port", str(self.port)]
-        command += ["--grpc-port", str(self.grpc_port), *self.args]
+        command += ["--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port), *self.args]
         with log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 command, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT

@@ -115,6 +115,8 @@ class ServerConfig(_Frozen):
 class LoggingConfig(_Frozen):
     level: LogLevel = "INFO"
     format: Literal["auto", "json", "text"] = "auto"
+    access_log: bool = True
+    access_log_sample_rate: float = Field(1.0, ge=0, le=1, description="share of successes logged")
 
     @field_validator("level", mode="before")
     @classmethod

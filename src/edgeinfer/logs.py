@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import sys
 import time
 from typing import Any
@@ -45,3 +46,51 @@ def setup_logging(level: str, fmt: str = "auto") -> None:
     # uvicorn's own loggers carry handlers of their own when it configures logging; we pass log_config=None
     for name in ("uvicorn", "uvicorn.error"):
         logging.getLogger(name).setLevel(max(logging.getLevelName(level), logging.WARNING))
+
+
+class AccessLog:
+    """One line per inference request on the ``edgeinfer.access`` logger.
+
+    Successful requests are logged at INFO, sampled at ``sample_rate`` (at thousands of requests a
+    second a line each costs real CPU); failed ones are always logged, WARNING for server-side errors.
+    """
+
+    def __init__(self, enabled: bool = True, sample_rate: float = 1.0) -> None:
+        self._logger = logging.getLogger("edgeinfer.access")
+        self.enabled = enabled
+        self.sample_rate = sample_rate
+
+    def write(self, outcome: Any, model: str, version: str, status: str, total_s: float) -> None:
+        if outcome.error is None:
+            if not self.enabled or not self._logger.isEnabledFor(logging.INFO):
+                return
+            if self.sample_rate < 1.0 and random.random() >= self.sample_rate:
+                return
+            level = logging.INFO
+        else:
+            level = logging.WARNING if status == "error" else logging.INFO
+            if not self._logger.isEnabledFor(level):
+                return
+        trace = outcome.trace
+        fields = {
+            "request_id": outcome.request_id,
+            "model": model,
+            "version": version,
+            "protocol": outcome.protocol,
+            "status": status,
+            "rows": outcome.rows,
+            "batch_size": trace.batch_rows,
+            "queue_ms": round(trace.queue_s * 1000, 3),
+            "compute_ms": round(trace.compute_s * 1000, 3),
+            "total_ms": round(total_s * 1000, 3),
+        }
+        if outcome.error is not None:
+            fields["error"] = str(outcome.error)
+        self._logger.log(
+            level,
+            "%s %s/%s %s rows=%d batch=%d queue=%.2fms compute=%.2fms total=%.2fms id=%s%s",
+            outcome.protocol, model, version, status, outcome.rows, trace.batch_rows,
+            fields["queue_ms"], fields["compute_ms"], fields["total_ms"], outcome.request_id,
+            f" error={fields['error']}" if outcome.error is not None else "",
+            extra=fields,
+        )  # fmt: skip

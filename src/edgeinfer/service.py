@@ -1,19 +1,26 @@
-"""The transport-neutral core: live / ready / metadata / infer.
+"""The transport-neutral core: live / ready / metadata / infer, and the record of every request.
 
 HTTP and gRPC adapters call these methods with decoded requests and map the errors they raise to
-status codes; nothing in here knows about either transport.
+status codes; nothing in here knows about either transport. Each adapter hands every finished
+inference request to ``record`` (an ``Outcome``), which counts it in the metrics and writes the access
+log line, so both transports are measured the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import os
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from edgeinfer import __version__
-from edgeinfer.errors import ModelNotReady
+from edgeinfer.batching.batcher import RequestTrace
+from edgeinfer.errors import ModelNotFound, ModelNotReady
+from edgeinfer.logs import AccessLog
+from edgeinfer.metrics import UNKNOWN_MODEL, Metrics, status_label
 from edgeinfer.protocol.types import InferRequest, InferResponse, TensorSpec
 from edgeinfer.repository.registry import ModelState, Registry
 from edgeinfer.validation import check_request, parse_priority, parse_timeout_s
@@ -22,9 +29,31 @@ SERVER_NAME = "edgeinfer"
 EXTENSIONS: tuple[str, ...] = ("binary_tensor_data", "statistics", "model_configuration")
 
 
+@dataclass(slots=True)
+class Outcome:
+    """One inference request as a transport saw it, for metrics and the access log."""
+
+    protocol: str
+    model: str
+    version: str | None
+    started: float = field(default_factory=time.perf_counter)
+    request_id: str = ""
+    error: BaseException | None = None
+    decode_s: float | None = None
+    encode_s: float | None = None
+    rows: int = 0
+    trace: RequestTrace = field(default_factory=RequestTrace)
+
+
+def new_request_id() -> str:
+    return os.urandom(8).hex()
+
+
 class InferenceService:
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, metrics: Metrics, access_log: AccessLog) -> None:
         self.registry = registry
+        self.metrics = metrics
+        self.access_log = access_log
         self._ready = False
 
     def set_ready(self, ready: bool) -> None:
@@ -120,8 +149,29 @@ class InferenceService:
             ]
         }
 
+    def record(self, outcome: Outcome) -> None:
+        """Count a finished request and log it; requests for unknown models are counted as one model."""
+        total_s = time.perf_counter() - outcome.started
+        status = status_label(outcome.error)
+        name, version = outcome.model, outcome.version
+        try:
+            version = self.registry.get(name, version).version
+        except ModelNotFound:
+            name, version = UNKNOWN_MODEL, ""
+        except ModelNotReady:
+            version = version or ""
+        self.metrics.model(name, version).request_done(
+            outcome.protocol, status, total_s, outcome.decode_s, outcome.encode_s
+        )
+        self.access_log.write(outcome, name, version, status, total_s)
+
     def submit(
-        self, name: str, version: str | None, request: InferRequest, deadline_s: float | None = None
+        self,
+        name: str,
+        version: str | None,
+        request: InferRequest,
+        deadline_s: float | None = None,
+        trace: RequestTrace | None = None,
     ) -> PendingInference:
         """Validate and queue a request; the returned object's ``outputs`` future resolves when it ran.
 
@@ -143,8 +193,9 @@ class InferenceService:
             output_names=checked.output_names,
             priority=parse_priority(request.parameters, entry.config.default_priority_level),
             timeout_s=_earliest(parse_timeout_s(request.parameters), deadline_s),
+            trace=trace,
         )
-        return PendingInference(name, entry.version, request, outputs)
+        return PendingInference(name, entry.version, request, outputs, checked.rows)
 
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
         pending = self.submit(name, version, request)
@@ -163,6 +214,7 @@ class PendingInference:
     model_version: str
     request: InferRequest
     outputs: asyncio.Future[dict[str, np.ndarray]]
+    rows: int
 
     def response(self) -> InferResponse:
         """The response, once ``outputs`` holds a result: only the requested outputs, in request order."""

@@ -81,7 +81,7 @@ def test_a_model_that_cannot_load_exits_1_naming_the_file(tmp_path):
     broken.write_bytes(b"this is not an onnx file")
     result = edgeinfer(
         "serve", "--model-repository", str(tmp_path / "repo"), "--http-port", str(free_port()),
-        "--grpc-port", str(free_port()),
+        "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
     )  # fmt: skip
     assert result.returncode == 1
     assert "model 'broken' version 1" in result.stderr
@@ -115,6 +115,8 @@ def test_port_in_use_is_a_clear_error(tmp_path, example_server: ServerProcess):
         str(example_server.port),
         "--grpc-port",
         str(free_port()),
+        "--metrics-port",
+        str(free_port()),
         "--host",
         "127.0.0.1",
     )
@@ -137,7 +139,14 @@ def test_make_serve_answers_ready(tmp_path):
     env = {**os.environ, "VENV": str(Path(sys.executable).parent.parent)}
     with (tmp_path / "make.log").open("wb") as log:
         process = subprocess.Popen(
-            ["make", "--no-print-directory", "serve", f"HTTP_PORT={port}", f"GRPC_PORT={free_port()}"],
+            [
+                "make",
+                "--no-print-directory",
+                "serve",
+                f"HTTP_PORT={port}",
+                f"GRPC_PORT={free_port()}",
+                f"METRICS_PORT={free_port()}",
+            ],
             cwd=ROOT,
             env=env,
             stdout=log,

@@ -22,9 +22,19 @@ import numpy as np
 from edgeinfer.batching.policy import BatchPolicy, Pending, next_batch, next_deadline, split_expired
 from edgeinfer.batching.stats import BatchTimes, ModelStatistics
 from edgeinfer.errors import EdgeInferError, InferenceFailed, ModelNotReady, RequestTimeout, ServerBusy
+from edgeinfer.metrics import ModelMetrics
 
 Tensors = dict[str, np.ndarray]
 RunBatch = Callable[[Tensors, Sequence[str] | None], Tensors]
+
+
+@dataclass(slots=True)
+class RequestTrace:
+    """Where one request's time went, filled in by the batcher (for access logs)."""
+
+    queue_s: float = 0.0
+    batch_rows: int = 0
+    compute_s: float = 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -32,6 +42,7 @@ class _Job:
     inputs: Tensors
     output_names: frozenset[str] | None
     future: asyncio.Future[Tensors]
+    trace: RequestTrace | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +84,12 @@ class Batcher:
         policy: BatchPolicy,
         limits: QueueLimits,
         executor: Executor,
+        metrics: ModelMetrics | None = None,
     ) -> None:
         self.name = name
+        self.metrics = metrics or ModelMetrics(name, "")
+        self.metrics.queue_length = lambda: len(self._pending)
+        self.metrics.inflight = lambda: self._outstanding
         self.policy = policy
         self.limits = limits
         self._run = run
@@ -111,6 +126,7 @@ class Batcher:
         output_names: frozenset[str] | None = None,
         priority: int = 1,
         timeout_s: float | None = None,
+        trace: RequestTrace | None = None,
     ) -> asyncio.Future[Tensors]:
         """Queue one request; the future resolves to its outputs or raises the batch's error.
 
@@ -136,7 +152,7 @@ class Batcher:
             priority=priority,
             deadline=deadline,
             sequence=next(self._sequence),
-            payload=_Job(inputs, output_names, future),
+            payload=_Job(inputs, output_names, future, trace),
         )
         self._idle.clear()
         future.add_done_callback(partial(self._on_answered, item))
@@ -161,7 +177,6 @@ class Batcher:
 
     def _flush(self) -> None:
         self._flush_soon = False
-        self._outstanding = 0  # submitted and not yet answered
         self._schedule(None)
 
     async def drain(self) -> None:
@@ -237,10 +252,17 @@ class Batcher:
         assert self._loop is not None
         self._running += 1
         now = time.monotonic()
-        for item in batch:
-            self.stats.queue.add(int((now - item.enqueued_at) * 1e9))
-        jobs: list[_Job] = [item.payload for item in batch]  # type: ignore[misc]
         rows = [item.rows for item in batch]
+        total_rows = sum(rows)
+        queue_histogram = self.metrics.queue
+        for item in batch:
+            waited = now - item.enqueued_at
+            self.stats.queue.add(int(waited * 1e9))
+            queue_histogram.observe(waited)
+            trace = item.payload.trace  # type: ignore[attr-defined]
+            if trace is not None:
+                trace.queue_s, trace.batch_rows = waited, total_rows
+        jobs: list[_Job] = [item.payload for item in batch]  # type: ignore[misc]
         output_names = _union_outputs(jobs)
         times = BatchTimes()
         if self._running == 1 and self._predicted_s(sum(rows)) <= self.limits.inline_max_s:
@@ -318,6 +340,11 @@ class Batcher:
     ) -> None:
         if times.infer_ns:
             self.stats.record_batch(rows, len(jobs), times)
+            compute_s = times.infer_ns / 1e9
+            self.metrics.batch_done(rows, compute_s)
+            for job in jobs:
+                if job.trace is not None:
+                    job.trace.compute_s = compute_s
             per_row = (times.input_ns + times.infer_ns + times.output_ns) / 1e9 / rows
             average = self._s_per_row
             self._s_per_row = per_row if average is None else 0.8 * average + 0.2 * per_row

@@ -14,6 +14,7 @@ from edgeinfer.batching.batcher import Batcher, QueueLimits
 from edgeinfer.batching.policy import BatchPolicy
 from edgeinfer.config import ModelConfig
 from edgeinfer.errors import ModelLoadError, ModelNotFound, ModelNotReady
+from edgeinfer.metrics import Metrics
 from edgeinfer.repository.loader import LoadedModel, load_model
 from edgeinfer.repository.sources import ModelSource
 
@@ -47,8 +48,9 @@ def version_key(version: str) -> tuple[int, int, str]:
 
 
 class Registry:
-    def __init__(self, inference_executor: Executor) -> None:
+    def __init__(self, inference_executor: Executor, metrics: Metrics) -> None:
         self._executor = inference_executor
+        self._metrics = metrics
         self._models: dict[str, dict[str, ModelVersion]] = {}
 
     async def load(self, sources: Iterable[ModelSource]) -> None:
@@ -70,6 +72,11 @@ class Registry:
     def _add(self, loaded: LoadedModel) -> None:
         source = loaded.source
         config = source.config
+        metrics = self._metrics.model(source.name, source.version)
+        metrics.backend = config.backend
+        metrics.execution_provider = loaded.backend.execution_provider
+        metrics.load_s = loaded.load_s + loaded.warmup_s
+        metrics.ready = True
         batcher = Batcher(
             name=f"{source.name!r} version {source.version}",
             run=loaded.backend.infer,
@@ -82,6 +89,7 @@ class Registry:
                 inline_max_s=config.inline_max_us / 1e6,
             ),
             executor=self._executor,
+            metrics=metrics,
         )
         self._models.setdefault(source.name, {})[source.version] = ModelVersion(
             name=source.name,
@@ -132,3 +140,4 @@ class Registry:
             entry.backend.close()
             entry.state = ModelState.UNAVAILABLE
             entry.reason = "server stopped"
+            entry.batcher.metrics.ready = False

@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING
 
 from edgeinfer.config import Config
 from edgeinfer.errors import ConfigError
+from edgeinfer.logs import AccessLog
+from edgeinfer.metrics import Metrics
 from edgeinfer.repository.registry import Registry
 from edgeinfer.repository.sources import discover
-from edgeinfer.server.http import V2Routes, error_response
+from edgeinfer.server.http import MetricsRoutes, V2Routes, error_response
 from edgeinfer.server.http_protocol import HttpServer
 from edgeinfer.service import InferenceService
 
@@ -41,9 +43,12 @@ class Server:
             source.config.max_concurrent_batches + source.config.prefetch_batches for source in self._sources
         )
         self._executor = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="edgeinfer-infer")
-        self.registry = Registry(self._executor)
-        self.service = InferenceService(self.registry)
+        self.metrics = Metrics()
+        self.registry = Registry(self._executor, self.metrics)
+        access_log = AccessLog(config.logging.access_log, config.logging.access_log_sample_rate)
+        self.service = InferenceService(self.registry, self.metrics, access_log)
         self._http: HttpServer | None = None
+        self._metrics_http: HttpServer | None = None
         self._grpc: GrpcServer | None = None
         self._http_socket: socket.socket | None = None
 
@@ -62,6 +67,10 @@ class Server:
         routes = V2Routes(self.service, server_config.max_request_bytes, server_config.compress_min_bytes)
         self._http = HttpServer(routes, error_response, server_config.max_request_bytes)
         await self._http.start(self._http_socket)
+        if server_config.metrics_port is not None:
+            metrics_socket = _bind(server_config.host, server_config.metrics_port, "metrics")
+            self._metrics_http = HttpServer(MetricsRoutes(self.metrics), error_response, 64 * 1024)
+            await self._metrics_http.start(metrics_socket)
         if server_config.grpc_port is not None:
             await self._start_grpc(
                 server_config.host, server_config.grpc_port, server_config.max_request_bytes
@@ -106,9 +115,10 @@ class Server:
         if self._grpc is not None:
             await self._grpc.stop()
             self._grpc = None
-        if self._http is not None:
-            await self._http.stop()
-            self._http = None
+        for http in (self._http, self._metrics_http):
+            if http is not None:
+                await http.stop()
+        self._http = self._metrics_http = None
         await self.registry.close()
         self._executor.shutdown(wait=True)
 
@@ -137,7 +147,7 @@ def run_with_uvloop(coroutine: object) -> None:
     uvloop.run(coroutine)  # type: ignore[arg-type]
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, what: str = "HTTP") -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -145,7 +155,7 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port} for HTTP: {exc.strerror}") from None
+        raise ConfigError(f"cannot listen on {host}:{port} for {what}: {exc.strerror}") from None
     sock.listen(2048)
     sock.setblocking(False)
     return sock

@@ -15,12 +15,14 @@ Routes::
     GET  /v1/models                                every model, version and state
     POST /v1/models/{m}[/versions/{v}]/predict     inference, same bodies as /infer
     GET  /health                                   200 when ready, 503 otherwise
+    GET  /metrics                                  Prometheus metrics (also on the metrics port)
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from edgeinfer.errors import (
@@ -34,10 +36,11 @@ from edgeinfer.errors import (
     RequestTimeout,
     ServerBusy,
 )
+from edgeinfer.metrics import Metrics
 from edgeinfer.protocol import http_binary, json_codec
 from edgeinfer.server import http_compression
 from edgeinfer.server.http_protocol import HttpRequest, HttpResponse
-from edgeinfer.service import InferenceService, PendingInference
+from edgeinfer.service import InferenceService, Outcome, PendingInference, new_request_id
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,10 @@ def response_for_error(error: BaseException) -> HttpResponse:
     return response
 
 
+def metrics_response(exposition: bytes) -> HttpResponse:
+    return HttpResponse(200, exposition, content_type=b"text/plain; version=0.0.4; charset=utf-8")
+
+
 def _json(status: int, document: Any) -> HttpResponse:
     return HttpResponse(status, json_codec.dumps(document))
 
@@ -94,6 +101,20 @@ def _json(status: int, document: Any) -> HttpResponse:
 def _allow(request: HttpRequest, method: str) -> None:
     if request.method != method:
         raise MethodNotAllowed(f"method {request.method} is not allowed here; use {method}")
+
+
+class MetricsRoutes:
+    """The handler of the metrics port: ``GET /metrics`` and nothing else."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path.rstrip("/") != "/metrics":
+            return error_response(404, f"no route for {request.method} {request.path}; try GET /metrics")
+        if request.method != "GET":
+            return error_response(405, f"method {request.method} is not allowed here; use GET")
+        return metrics_response(self.metrics.exposition())
 
 
 class V2Routes:
@@ -141,6 +162,9 @@ class V2Routes:
             if len(parts) == 6 and parts[3] == "versions" and parts[5] == "predict":
                 _allow(request, "POST")
                 return self._infer(request, parts[2], parts[4])
+        elif parts == ["metrics"]:
+            _allow(request, "GET")
+            return metrics_response(service.metrics.exposition())
         elif parts == ["health"]:
             _allow(request, "GET")
             ready = service.ready()
@@ -181,16 +205,31 @@ class V2Routes:
     def _infer(
         self, request: HttpRequest, name: str, version: str | None
     ) -> HttpResponse | asyncio.Future[HttpResponse]:
-        decoded = http_binary.decode_request(self._body(request), _header_length(request))
-        request.body = b""  # a queued request holds only its tensors, not the body too
-        pending = self.service.submit(name, version, decoded)
+        outcome = Outcome("http", name, version)
+        given_id = request.headers.get(b"x-request-id")
+        try:
+            decoded = http_binary.decode_request(self._body(request), _header_length(request))
+            request.body = b""  # a queued request holds only its tensors, not the body too
+            outcome.decode_s = time.perf_counter() - outcome.started
+            outcome.request_id = given_id.decode("latin-1") if given_id else decoded.id or new_request_id()
+            pending = self.service.submit(name, version, decoded, trace=outcome.trace)
+        except Exception as error:
+            outcome.request_id = outcome.request_id or (given_id or b"").decode("latin-1") or new_request_id()
+            return self._finish(outcome, response_for_error(error), error)
+        outcome.rows = pending.rows
         encoding = http_compression.choose_encoding(request.headers.get(b"accept-encoding"))
         if pending.outputs.done():  # a fast model ran inline: answer without another loop iteration
-            return self._response(pending, encoding)
+            return self._response(pending, encoding, outcome)
         answer: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
-        pending.outputs.add_done_callback(lambda _: self._answer(pending, encoding, answer))
+        pending.outputs.add_done_callback(lambda _: self._answer(pending, encoding, outcome, answer))
         answer.add_done_callback(lambda _: pending.outputs.cancel() if answer.cancelled() else None)
         return answer
+
+    def _finish(self, outcome: Outcome, reply: HttpResponse, error: BaseException | None) -> HttpResponse:
+        outcome.error = error
+        self.service.record(outcome)
+        reply.headers.append((b"x-request-id", outcome.request_id.encode("latin-1", "replace")))
+        return reply
 
     def _body(self, request: HttpRequest) -> bytes:
         encoding = request.headers.get(b"content-encoding")
@@ -199,26 +238,32 @@ class V2Routes:
         return http_compression.decompress(request.body, encoding, self.max_body_bytes)
 
     def _answer(
-        self, pending: PendingInference, encoding: bytes | None, answer: asyncio.Future[HttpResponse]
+        self,
+        pending: PendingInference,
+        encoding: bytes | None,
+        outcome: Outcome,
+        answer: asyncio.Future[HttpResponse],
     ) -> None:
         """Turn the finished inference into the HTTP response (runs as a future callback on the loop)."""
-        if answer.done():
-            return
-        if pending.outputs.cancelled():
+        if pending.outputs.cancelled():  # the client went away; the request was dropped or discarded
+            outcome.error = RequestCancelled("the client disconnected before the response was ready")
+            self.service.record(outcome)
             answer.cancel()
-        else:
-            answer.set_result(self._response(pending, encoding))
+        elif not answer.done():
+            answer.set_result(self._response(pending, encoding, outcome))
 
-    def _response(self, pending: PendingInference, encoding: bytes | None) -> HttpResponse:
+    def _response(self, pending: PendingInference, encoding: bytes | None, outcome: Outcome) -> HttpResponse:
         error = pending.outputs.exception()
         if error is not None:
-            return response_for_error(error)
+            return self._finish(outcome, response_for_error(error), error)
+        encode_started = time.perf_counter()
         try:
             response = pending.response()
             binary = http_binary.binary_outputs(response, pending.request.parameters)
             body, header_length = http_binary.encode_response(response, binary)
         except Exception as encode_error:
-            return response_for_error(encode_error)
+            return self._finish(outcome, response_for_error(encode_error), encode_error)
+        outcome.encode_s = time.perf_counter() - encode_started
         reply = HttpResponse(200, body)
         if header_length is not None:
             reply.content_type = b"application/octet-stream"
@@ -226,7 +271,7 @@ class V2Routes:
         if encoding is not None and len(body) >= self.compress_min_bytes:
             reply.body = http_compression.compress(body, encoding)
             reply.headers.append((b"content-encoding", encoding))
-        return reply
+        return self._finish(outcome, reply, None)
 
 
 def _header_length(request: HttpRequest) -> int | None:
