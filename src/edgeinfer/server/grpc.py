@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -32,7 +33,7 @@ from edgeinfer.errors import (
 )
 from edgeinfer.protocol import grpc_codec
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
-from edgeinfer.service import InferenceService, PendingInference
+from edgeinfer.service import InferenceService, Outcome, PendingInference, new_request_id
 
 log = logging.getLogger(__name__)
 
@@ -210,20 +211,39 @@ class GrpcServer:
             "unloading models at run time is not supported yet; restart the server",
         )
 
-    def _submit(self, request: pb.ModelInferRequest, deadline_s: float | None) -> PendingInference:
+    def _submit(
+        self, request: pb.ModelInferRequest, deadline_s: float | None, outcome: Outcome
+    ) -> PendingInference:
         decoded = grpc_codec.decode_infer_request(request)
-        return self.service.submit(request.model_name, request.model_version or None, decoded, deadline_s)
+        outcome.decode_s = time.perf_counter() - outcome.started
+        outcome.request_id = decoded.id or new_request_id()
+        pending = self.service.submit(
+            request.model_name, request.model_version or None, decoded, deadline_s, trace=outcome.trace
+        )
+        outcome.rows = pending.rows
+        return pending
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        pending = self._submit(request, context.time_remaining())
-        await pending.outputs  # a cancelled call cancels this await, and with it the queued request
-        return grpc_codec.encode_infer_response(pending.response())
+        outcome = Outcome("grpc", request.model_name, request.model_version or None)
+        try:
+            pending = self._submit(request, context.time_remaining(), outcome)
+            await pending.outputs  # a cancelled call cancels this await, and with it the queued request
+            return _encode(pending, outcome)
+        except asyncio.CancelledError:
+            outcome.error = RequestCancelled("the client cancelled the call before it was answered")
+            raise
+        except EdgeInferError as error:
+            outcome.error = error
+            raise
+        finally:
+            outcome.request_id = outcome.request_id or new_request_id()
+            self.service.record(outcome)
 
     async def model_stream_infer(
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Every request on the stream is queued as it arrives (so they batch) and answered in order."""
-        answers: asyncio.Queue[PendingInference | EdgeInferError | str | None] = asyncio.Queue()
+        answers: asyncio.Queue[tuple[Outcome, PendingInference | None] | str | None] = asyncio.Queue()
 
         async def read() -> None:
             try:
@@ -231,28 +251,44 @@ class GrpcServer:
                     if isinstance(request, _Malformed):
                         answers.put_nowait(request.text)
                         continue
+                    outcome = Outcome("grpc", request.model_name, request.model_version or None)
                     try:
-                        answers.put_nowait(self._submit(request, None))
+                        answers.put_nowait((outcome, self._submit(request, None, outcome)))
                     except EdgeInferError as error:
-                        answers.put_nowait(error)
+                        outcome.error = error
+                        answers.put_nowait((outcome, None))
             finally:
                 answers.put_nowait(None)
 
         reader = asyncio.ensure_future(read())
         try:
             while (item := await answers.get()) is not None:
-                yield await _stream_answer(item)
+                yield await self._stream_answer(item)
         finally:
             reader.cancel()
 
+    async def _stream_answer(
+        self, item: tuple[Outcome, PendingInference | None] | str
+    ) -> pb.ModelStreamInferResponse:
+        if isinstance(item, str):
+            return pb.ModelStreamInferResponse(error_message=item)
+        outcome, pending = item
+        try:
+            if pending is None:
+                assert outcome.error is not None
+                raise outcome.error
+            await pending.outputs
+            return pb.ModelStreamInferResponse(infer_response=_encode(pending, outcome))
+        except EdgeInferError as error:
+            outcome.error = error
+            return pb.ModelStreamInferResponse(error_message=error.message)
+        finally:
+            outcome.request_id = outcome.request_id or new_request_id()
+            self.service.record(outcome)
 
-async def _stream_answer(item: PendingInference | EdgeInferError | str) -> pb.ModelStreamInferResponse:
-    if isinstance(item, str):
-        return pb.ModelStreamInferResponse(error_message=item)
-    if isinstance(item, EdgeInferError):
-        return pb.ModelStreamInferResponse(error_message=item.message)
-    try:
-        await item.outputs
-        return pb.ModelStreamInferResponse(infer_response=grpc_codec.encode_infer_response(item.response()))
-    except EdgeInferError as error:
-        return pb.ModelStreamInferResponse(error_message=error.message)
+
+def _encode(pending: PendingInference, outcome: Outcome) -> pb.ModelInferResponse:
+    started = time.perf_counter()
+    message = grpc_codec.encode_infer_response(pending.response())
+    outcome.encode_s = time.perf_counter() - started
+    return message

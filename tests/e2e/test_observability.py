@@ -1,0 +1,222 @@
+"""Metrics, statistics and access logs against a fresh server, after a known mix of requests."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support import ROOT, ServerProcess, infer_body, matmul_model, request, slow_model
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory: pytest.TempPathFactory):
+    """A server with two models, then: 5 successes and 3 bad requests on `matmul`; on `slow`, a full queue
+    that rejects 3 requests, and one request that times out in the queue."""
+    root = tmp_path_factory.mktemp("observed")
+    matmul_model(root / "matmul.onnx")
+    slow_model(root / "slow.onnx")
+    (root / "config.yaml").write_text(
+        """
+models:
+  matmul: {model_path: matmul.onnx, max_batch_size: 8}
+  slow:
+    model_path: slow.onnx
+    max_batch_size: 0
+    max_queue_size: 2
+    backend_config: {intra_op_num_threads: 1}
+logging: {level: INFO, format: json}
+"""
+    )
+    server = ServerProcess(["--config", str(root / "config.yaml")]).start(root / "server.log")
+    port = server.port
+    x = np.ones((2, 16), np.float32)
+    ids = []
+    for index in range(5):
+        reply = request(port, "POST", "/v2/models/matmul/infer", infer_body({"X": x}, id=f"mix-{index}"))
+        assert reply.status == 200
+        ids.append(reply.headers["x-request-id"])
+    for _ in range(3):
+        assert request(port, "POST", "/v2/models/matmul/infer", infer_body({"X": x[:, :8]})).status == 400
+    header_id = request(
+        port, "POST", "/v2/models/matmul/infer", infer_body({"X": x}), {"X-Request-ID": "from-header"}
+    )
+    ids.append(header_id.headers["x-request-id"])
+
+    slow_x = lambda rows: infer_body({"X": np.full((rows, 256), 0.01, np.float32)})  # noqa: E731
+    statuses: list[int] = []
+
+    def call(body) -> None:
+        statuses.append(request(port, "POST", "/v2/models/slow/infer", body).status)
+
+    blocker = threading.Thread(target=call, args=(slow_x(8),))  # ~260 ms
+    blocker.start()
+    time.sleep(0.05)
+    queued = [threading.Thread(target=call, args=(slow_x(1),)) for _ in range(2)]
+    for thread in queued:
+        thread.start()
+    time.sleep(0.05)
+    rejected = [request(port, "POST", "/v2/models/slow/infer", slow_x(1)).status for _ in range(3)]
+    for thread in [blocker, *queued]:
+        thread.join()
+    blocker = threading.Thread(target=call, args=(slow_x(8),))
+    blocker.start()
+    time.sleep(0.05)
+    timeout = request(port, "POST", "/v2/models/slow/infer", {**slow_x(1), "parameters": {"timeout": 10_000}})
+    blocker.join()
+    assert rejected == [429, 429, 429]
+    assert timeout.status == 504
+    assert statuses == [200, 200, 200, 200]
+    yield server, ids
+    server.stop()
+
+
+def scrape(port: int) -> dict[str, dict[tuple, float]]:
+    reply = request(port, "GET", "/metrics")
+    assert reply.status == 200
+    assert reply.headers["content-type"].startswith("text/plain")
+    samples: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(reply.body.decode()):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return samples
+
+
+def value(samples, name: str, **labels) -> float:
+    wanted = tuple(sorted(labels.items()))
+    return samples[name][wanted]
+
+
+def test_request_counters_match_exactly(observed):
+    server, _ = observed
+    samples = scrape(server.port)
+    requests = "edgeinfer_inference_requests_total"
+    assert value(samples, requests, model="matmul", version="1", protocol="http", status="success") == 6
+    assert value(samples, requests, model="matmul", version="1", protocol="http", status="client_error") == 3
+    assert value(samples, requests, model="slow", version="1", protocol="http", status="success") == 4
+    assert value(samples, requests, model="slow", version="1", protocol="http", status="rejected") == 3
+    assert value(samples, requests, model="slow", version="1", protocol="http", status="timeout") == 1
+    duration = "edgeinfer_inference_request_duration_seconds_count"
+    assert value(samples, duration, model="matmul", version="1", protocol="http") == 9
+    assert value(samples, duration, model="slow", version="1", protocol="http") == 8
+
+
+def test_batch_and_queue_histograms_match_the_batches_run(observed):
+    server, _ = observed
+    samples = scrape(server.port)
+    assert value(samples, "edgeinfer_batch_size_count", model="matmul", version="1") == 6
+    assert value(samples, "edgeinfer_batch_size_sum", model="matmul", version="1") == 12  # 2 rows each
+    assert value(samples, "edgeinfer_batch_size_bucket", model="matmul", version="1", le="1.0") == 0
+    assert value(samples, "edgeinfer_batch_size_bucket", model="matmul", version="1", le="2.0") == 6
+    assert value(samples, "edgeinfer_batches_total", model="matmul", version="1") == 6
+    assert (
+        value(samples, "edgeinfer_batches_total", model="slow", version="1") == 4
+    )  # never the timed-out one
+    assert (
+        value(samples, "edgeinfer_inference_compute_duration_seconds_count", model="slow", version="1") == 4
+    )
+    assert value(samples, "edgeinfer_inference_queue_duration_seconds_count", model="slow", version="1") == 4
+    assert value(samples, "edgeinfer_queue_length", model="slow", version="1") == 0
+    assert value(samples, "edgeinfer_inflight_requests", model="slow", version="1") == 0
+
+
+def test_model_gauges_and_process_metrics(observed):
+    server, _ = observed
+    samples = scrape(server.port)
+    assert value(samples, "edgeinfer_model_ready", model="matmul", version="1") == 1
+    info = value(
+        samples, "edgeinfer_model_info", model="slow", version="1", backend="onnxruntime",
+        execution_provider="CPUExecutionProvider",
+    )  # fmt: skip
+    assert info == 1
+    assert value(samples, "edgeinfer_model_load_duration_seconds", model="slow", version="1") > 0
+    assert value(samples, "process_resident_memory_bytes") > 10 * 2**20
+    assert "process_open_fds" in samples
+
+
+def test_the_metrics_port_serves_the_same(observed):
+    server, _ = observed
+    samples = scrape(server.metrics_port)
+    assert value(samples, "edgeinfer_batches_total", model="matmul", version="1") == 6
+    assert request(server.metrics_port, "GET", "/v2/health/ready").status == 404
+
+
+def test_statistics_via_tritonclient_http_and_grpc(observed):
+    server, _ = observed
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}")
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    try:
+        over_http = http.get_inference_statistics("matmul")["model_stats"][0]
+        over_grpc = grpc.get_inference_statistics("matmul", as_json=True)["model_stats"][0]
+    finally:
+        http.close()
+        grpc.close()
+    assert over_http["inference_stats"]["success"]["count"] == 6
+    assert over_http["execution_count"] == 6
+    assert over_http["inference_count"] == 12
+    assert over_http["batch_stats"][0]["batch_size"] == 2
+    assert int(over_grpc["inference_stats"]["success"]["count"]) == 6
+    assert int(over_grpc["execution_count"]) == 6
+    assert int(over_grpc["batch_stats"][0]["compute_infer"]["count"]) == 6
+
+
+def test_one_json_access_line_per_request(observed):
+    server, ids = observed
+    lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+    access = [line for line in lines if line["logger"] == "edgeinfer.access"]
+    assert len(access) == 9 + 8
+    first = next(line for line in access if line["request_id"] == "mix-0")
+    assert (first["model"], first["version"], first["protocol"]) == ("matmul", "1", "http")
+    assert (first["status"], first["rows"], first["batch_size"]) == ("success", 2, 2)
+    for key in ("queue_ms", "compute_ms", "total_ms"):
+        assert isinstance(first[key], float)
+    assert ids[:5] == [f"mix-{index}" for index in range(5)], "the V2 id is the request id"
+    assert ids[5] == "from-header"
+    assert any(line["request_id"] == "from-header" for line in access)
+    timeout = [line for line in access if line["status"] == "timeout"]
+    assert len(timeout) == 1
+    assert "timed out" in timeout[0]["error"]
+    assert [line["level"] for line in access if line["status"] == "rejected"] == ["INFO"] * 3
+    startup = [line for line in lines if "loaded model slow" in line["message"]]
+    assert "CPUExecutionProvider" in startup[0]["message"]
+
+
+def metric_names(text: str) -> set[str]:
+    return set(re.findall(r"\b(edgeinfer_[a-z_]+|process_[a-z_]+)", text))
+
+
+def exported_names(samples: dict) -> set[str]:
+    return set(samples)
+
+
+@pytest.mark.parametrize("path", ["deploy/grafana/edgeinfer.json", "deploy/prometheus/alerts.yml"])
+def test_dashboard_and_alerts_use_only_metrics_that_exist(observed, path: str):
+    server, _ = observed
+    samples = scrape(server.port)
+    text = (ROOT / path).read_text()
+    if path.endswith(".yml"):
+        rules = yaml.safe_load(text)["groups"][0]["rules"]
+        assert all({"alert", "expr"} <= set(rule) for rule in rules)
+        text = "\n".join(rule["expr"] for rule in rules)
+    else:
+        text = "\n".join(
+            target["expr"] for panel in json.loads(text)["panels"] for target in panel["targets"]
+        )
+    used = metric_names(text)
+    assert used, "the file uses edgeinfer metrics"
+    missing = sorted(name for name in used if name not in exported_names(samples))
+    assert not missing, f"{path} uses metrics the server does not export: {missing}"
+
+
+def test_alert_file_is_valid_yaml_with_a_group():
+    document = yaml.safe_load(Path(ROOT / "deploy/prometheus/alerts.yml").read_text())
+    assert document["groups"][0]["name"] == "edgeinfer"
