@@ -9,6 +9,7 @@ log line, so both transports are measured the same way.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from edgeinfer import __version__
 from edgeinfer.batching.batcher import RequestTrace
 from edgeinfer.errors import ModelNotFound, ModelNotReady
 from edgeinfer.logs import AccessLog
-from edgeinfer.metrics import UNKNOWN_MODEL, Metrics, status_label
+from edgeinfer.metrics import UNKNOWN_MODEL, Metrics, ModelMetrics, status_label
 from edgeinfer.protocol.types import InferRequest, InferResponse, TensorSpec
 from edgeinfer.repository.registry import ModelState, Registry
 from edgeinfer.validation import check_request, parse_priority, parse_timeout_s
@@ -43,10 +44,16 @@ class Outcome:
     encode_s: float | None = None
     rows: int = 0
     trace: RequestTrace = field(default_factory=RequestTrace)
+    metrics: ModelMetrics | None = None  # known once the request reached its model version
+
+
+_REQUEST_PREFIX = os.urandom(4).hex()
+_request_numbers = itertools.count(1)
 
 
 def new_request_id() -> str:
-    return os.urandom(8).hex()
+    """Unique within this run of the server: a random prefix and a counter (no syscall per request)."""
+    return f"{_REQUEST_PREFIX}-{next(_request_numbers):x}"
 
 
 class InferenceService:
@@ -153,17 +160,18 @@ class InferenceService:
         """Count a finished request and log it; requests for unknown models are counted as one model."""
         total_s = time.perf_counter() - outcome.started
         status = status_label(outcome.error)
-        name, version = outcome.model, outcome.version
-        try:
-            version = self.registry.get(name, version).version
-        except ModelNotFound:
-            name, version = UNKNOWN_MODEL, ""
-        except ModelNotReady:
-            version = version or ""
-        self.metrics.model(name, version).request_done(
-            outcome.protocol, status, total_s, outcome.decode_s, outcome.encode_s
-        )
-        self.access_log.write(outcome, name, version, status, total_s)
+        metrics = outcome.metrics
+        if metrics is None:  # it failed before reaching a model version
+            name, version = outcome.model, outcome.version
+            try:
+                version = self.registry.get(name, version).version
+            except ModelNotFound:
+                name, version = UNKNOWN_MODEL, ""
+            except ModelNotReady:
+                version = version or ""
+            metrics = self.metrics.model(name, version)
+        metrics.request_done(outcome.protocol, status, total_s, outcome.decode_s, outcome.encode_s)
+        self.access_log.write(outcome, metrics.name, metrics.version, status, total_s)
 
     def submit(
         self,
@@ -195,7 +203,7 @@ class InferenceService:
             timeout_s=_earliest(parse_timeout_s(request.parameters), deadline_s),
             trace=trace,
         )
-        return PendingInference(name, entry.version, request, outputs, checked.rows)
+        return PendingInference(name, entry.version, request, outputs, checked.rows, entry.batcher.metrics)
 
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
         pending = self.submit(name, version, request)
@@ -215,6 +223,7 @@ class PendingInference:
     request: InferRequest
     outputs: asyncio.Future[dict[str, np.ndarray]]
     rows: int
+    metrics: ModelMetrics
 
     def response(self) -> InferResponse:
         """The response, once ``outputs`` holds a result: only the requested outputs, in request order."""

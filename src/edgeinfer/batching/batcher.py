@@ -267,7 +267,7 @@ class Batcher:
         times = BatchTimes()
         if self._running == 1 and self._predicted_s(sum(rows)) <= self.limits.inline_max_s:
             try:
-                results: list[Tensors] | None = self._execute(jobs, rows, output_names, times)
+                results: list[Tensors] | None = self._execute(jobs, rows, output_names, times, alone=True)
                 error: BaseException | None = None
             except Exception as failure:
                 results, error = None, failure
@@ -281,19 +281,28 @@ class Batcher:
         return float("inf") if self._s_per_row is None else self._s_per_row * rows
 
     def _execute(
-        self, jobs: list[_Job], rows: list[int], output_names: list[str] | None, times: BatchTimes
+        self,
+        jobs: list[_Job],
+        rows: list[int],
+        output_names: list[str] | None,
+        times: BatchTimes,
+        alone: bool = False,
     ) -> list[Tensors]:
-        """Runs in a worker thread: concatenate, run, split back by row counts."""
+        """Runs in a worker thread (or inline, ``alone``): concatenate, run, split back by row counts."""
         started = time.perf_counter_ns()
         if len(jobs) == 1:
             inputs = jobs[0].inputs
         else:
             inputs = {name: np.concatenate([job.inputs[name] for job in jobs]) for name in jobs[0].inputs}
-        times.input_ns = time.perf_counter_ns() - started
-        with self._compute_slots:  # a prefetched batch waits here, ready to go
-            computing = time.perf_counter_ns()
+        computing = time.perf_counter_ns()
+        times.input_ns = computing - started
+        if alone:  # no other batch exists, so no compute slot to wait for
             outputs = self._run(inputs, output_names)
-            computed = time.perf_counter_ns()
+        else:
+            with self._compute_slots:  # a prefetched batch waits here, ready to go
+                computing = time.perf_counter_ns()
+                outputs = self._run(inputs, output_names)
+        computed = time.perf_counter_ns()
         times.infer_ns = computed - computing
         results = self._split(outputs, rows)
         times.output_ns = time.perf_counter_ns() - computed

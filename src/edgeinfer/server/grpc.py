@@ -220,7 +220,7 @@ class GrpcServer:
         pending = self.service.submit(
             request.model_name, request.model_version or None, decoded, deadline_s, trace=outcome.trace
         )
-        outcome.rows = pending.rows
+        outcome.rows, outcome.metrics = pending.rows, pending.metrics
         return pending
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:

@@ -216,7 +216,7 @@ class V2Routes:
         except Exception as error:
             outcome.request_id = outcome.request_id or (given_id or b"").decode("latin-1") or new_request_id()
             return self._finish(outcome, response_for_error(error), error)
-        outcome.rows = pending.rows
+        outcome.rows, outcome.metrics = pending.rows, pending.metrics
         encoding = http_compression.choose_encoding(request.headers.get(b"accept-encoding"))
         if pending.outputs.done():  # a fast model ran inline: answer without another loop iteration
             return self._response(pending, encoding, outcome)
