@@ -12,22 +12,25 @@ import asyncio
 import itertools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import yaml
 
 from edgeinfer import __version__
 from edgeinfer.batching.batcher import RequestTrace
-from edgeinfer.errors import ModelNotFound, ModelNotReady
+from edgeinfer.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotReady
 from edgeinfer.logs import AccessLog
 from edgeinfer.metrics import UNKNOWN_MODEL, Metrics, ModelMetrics, status_label
 from edgeinfer.protocol.types import InferRequest, InferResponse, TensorSpec
 from edgeinfer.repository.registry import ModelState, Registry
+from edgeinfer.repository.sources import ModelSource
 from edgeinfer.validation import check_request, parse_priority, parse_timeout_s
 
 SERVER_NAME = "edgeinfer"
-EXTENSIONS: tuple[str, ...] = ("binary_tensor_data", "statistics", "model_configuration")
+EXTENSIONS: tuple[str, ...] = ("binary_tensor_data", "statistics", "model_configuration", "model_repository")
 
 
 @dataclass(slots=True)
@@ -47,6 +50,23 @@ class Outcome:
     metrics: ModelMetrics | None = None  # known once the request reached its model version
 
 
+def parse_override(text: Any) -> dict[str, Any] | None:
+    """The ``config`` parameter of a load request: per-model keys as JSON (Triton's clients) or YAML."""
+    if text is None or text == "":
+        return None
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if not isinstance(text, str):
+        raise InvalidInput("the 'config' parameter of a load request must be a JSON object in a string")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidInput(f"the 'config' parameter is not valid JSON or YAML: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidInput("the 'config' parameter must be a mapping of model keys")
+    return value
+
+
 _REQUEST_PREFIX = os.urandom(4).hex()
 _request_numbers = itertools.count(1)
 
@@ -57,8 +77,15 @@ def new_request_id() -> str:
 
 
 class InferenceService:
-    def __init__(self, registry: Registry, metrics: Metrics, access_log: AccessLog) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        metrics: Metrics,
+        access_log: AccessLog,
+        discover: Callable[[str, dict[str, Any] | None], list[ModelSource]],
+    ) -> None:
         self.registry = registry
+        self._discover = discover
         self.metrics = metrics
         self.access_log = access_log
         self._ready = False
@@ -71,7 +98,12 @@ class InferenceService:
         return True
 
     def ready(self) -> bool:
-        return self._ready and self.registry.all_ready()
+        """Every model given at start-up was loaded and warmed up, and the server is not stopping.
+
+        Models unloaded or failing to reload later do not make the server unready (each has its own
+        readiness); that would take a healthy server out of a load balancer.
+        """
+        return self._ready
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
@@ -129,16 +161,36 @@ class InferenceService:
 
     def model_index(self) -> list[dict[str, Any]]:
         """Every model with each version's state (the ``/v1/models`` listing)."""
+        models: dict[str, list[dict[str, str]]] = {}
+        for entry in self.registry.index():
+            models.setdefault(entry.name, []).append(
+                {"version": entry.version, "state": entry.state.value, "reason": entry.reason}
+            )
+        return [{"name": name, "versions": versions} for name, versions in models.items()]
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Triton's repository index: one entry per version with its state and reason."""
         return [
-            {
-                "name": name,
-                "versions": [
-                    {"version": entry.version, "state": entry.state.value, "reason": entry.reason}
-                    for entry in self.registry.versions(name)
-                ],
-            }
-            for name in self.registry.names()
+            {"name": entry.name, "version": entry.version, "state": entry.state.value, "reason": entry.reason}
+            for entry in self.registry.index()
+            if not ready_only or entry.state is ModelState.READY
         ]
+
+    async def load_model(self, name: str, override: dict[str, Any] | None = None) -> None:
+        """Load (or reload) every version of ``name`` from the repository; ``override`` replaces config keys.
+
+        The versions serving now keep serving until the new ones are warmed up; if loading fails they
+        keep serving and the index shows why.
+        """
+        try:
+            sources = self._discover(name, override)
+        except ConfigError as error:
+            raise InvalidInput(str(error)) from None
+        await self.registry.reload(name, sources)
+
+    async def unload_model(self, name: str) -> None:
+        """Stop serving ``name``; what is queued or running for it is answered first."""
+        await self.registry.unload(name)
 
     def model_statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
         """Triton's statistics extension: every version of every model, or one model (or version)."""

@@ -248,11 +248,6 @@ def test_same_messages_as_http(client, example_server: ServerProcess):
     assert "INVALID_ARGUMENT" in str(caught.value.status())
 
 
-def test_repository_control_is_refused_clearly(client):
-    with pytest.raises(InferenceServerException, match="not supported yet"):
-        client.unload_model("simple")
-
-
 def test_http_and_grpc_requests_share_a_batch(special_server: ServerProcess):
     port, grpc_port = special_server.port, special_server.grpc_port
 

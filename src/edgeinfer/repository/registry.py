@@ -6,7 +6,7 @@ import asyncio
 import enum
 import logging
 from collections.abc import Iterable
-from concurrent.futures import Executor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from edgeinfer.backends import Backend
@@ -39,7 +39,13 @@ class ModelVersion:
     backend: Backend
     batcher: Batcher
     policy: BatchPolicy
+    executor: ThreadPoolExecutor
     reason: str = ""
+
+    def close(self) -> None:
+        """Free the model; called once its batcher has drained."""
+        self.backend.close()
+        self.executor.shutdown(wait=False)
 
 
 def version_key(version: str) -> tuple[int, int, str]:
@@ -47,51 +53,125 @@ def version_key(version: str) -> tuple[int, int, str]:
     return (1, int(version), "") if version.isdigit() else (0, 0, version)
 
 
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One line of the repository index (Triton's layout)."""
+
+    name: str
+    version: str
+    state: ModelState
+    reason: str
+
+
 class Registry:
-    def __init__(self, inference_executor: Executor, metrics: Metrics) -> None:
-        self._executor = inference_executor
+    """Every model version the server knows, and the only place versions are added, swapped or retired.
+
+    Each version gets its own worker threads (``max_concurrent_batches + prefetch_batches``, created on
+    first use), so a slow model cannot take the threads of a fast one.
+
+    Reloading follows Triton's lifecycle: the new versions are loaded and warmed up while the old ones
+    keep serving; then new requests go to the new versions, the old ones finish what they had queued or
+    running, and only then are they freed. If loading fails, the old versions keep serving and the
+    index shows the failure and its reason.
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
         self._models: dict[str, dict[str, ModelVersion]] = {}
+        self._failures: dict[tuple[str, str], str] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
 
     async def load(self, sources: Iterable[ModelSource]) -> None:
-        """Load and warm up every source concurrently; any failure fails the whole call."""
-        loop = asyncio.get_running_loop()
-        sources = list(sources)
-        results = await asyncio.gather(
-            *(loop.run_in_executor(None, load_model, source) for source in sources), return_exceptions=True
-        )
-        failures = []
-        for source, result in zip(sources, results, strict=True):
-            if isinstance(result, BaseException):
-                failures.append(f"model {source.name!r} version {source.version} ({source.path}): {result}")
-            else:
-                self._add(result)
+        """Start-up: load and warm up every source concurrently; any failure fails the whole call."""
+        loaded, failures = await _load_all(list(sources))
+        for model in loaded:
+            self._install(self._make_entry(model))
         if failures:
-            raise ModelLoadError("cannot load every model:\n  " + "\n  ".join(failures))
+            raise ModelLoadError("cannot load every model:\n  " + "\n  ".join(failures.values()))
 
-    def _add(self, loaded: LoadedModel) -> None:
+    async def reload(self, name: str, sources: list[ModelSource]) -> None:
+        """Serve exactly ``sources`` for model ``name``: load them, switch over, retire what they replace.
+
+        Raises ModelLoadError (after recording it in the index) if any source fails; then nothing
+        changes for the versions already serving.
+        """
+        async with self._lock(name):
+            loaded, failures = await _load_all(sources)
+            if failures:
+                for model in loaded:
+                    model.backend.close()
+                for (model_name, version), reason in failures.items():
+                    self._failures[model_name, version] = reason
+                raise ModelLoadError(f"cannot load model {name!r}:\n  " + "\n  ".join(failures.values()))
+            old = dict(self._models.get(name, {}))
+            for model in loaded:
+                self._failures.pop((name, model.source.version), None)
+                self._install(self._make_entry(model))
+            keep = {model.source.version for model in loaded}
+            retiring = [entry for version, entry in old.items() if entry.state is ModelState.READY]
+            for entry in retiring:
+                if entry.version in keep:
+                    log.info(
+                        "model %s version %s replaced; the old one finishes its queue", name, entry.version
+                    )
+                else:
+                    self._models[name][entry.version] = entry  # stays listed while it drains
+            await asyncio.gather(*(self._retire(entry, "unloaded") for entry in retiring))
+
+    async def unload(self, name: str) -> None:
+        """Stop serving every version of ``name``; queued and running requests are answered first."""
+        async with self._lock(name):
+            versions = self._models.get(name)
+            if not versions:
+                raise ModelNotFound(f"unknown model {name!r}")
+            ready = [entry for entry in versions.values() if entry.state is ModelState.READY]
+            await asyncio.gather(*(self._retire(entry, "unloaded") for entry in ready))
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
+
+    async def _retire(self, entry: ModelVersion, reason: str) -> None:
+        entry.state = ModelState.UNLOADING
+        entry.batcher.metrics.ready = False
+        await entry.batcher.drain()
+        entry.close()
+        entry.state = ModelState.UNAVAILABLE
+        entry.reason = reason
+
+    def _install(self, entry: ModelVersion) -> None:
+        self._models.setdefault(entry.name, {})[entry.version] = entry
+        entry.batcher.metrics.ready = True
+
+    def _make_entry(self, loaded: LoadedModel) -> ModelVersion:
         source = loaded.source
         config = source.config
         metrics = self._metrics.model(source.name, source.version)
         metrics.backend = config.backend
         metrics.execution_provider = loaded.backend.execution_provider
         metrics.load_s = loaded.load_s + loaded.warmup_s
-        metrics.ready = True
+        limits = QueueLimits(
+            max_queue_size=config.max_queue_size,
+            max_concurrent_batches=config.max_concurrent_batches,
+            prefetch_batches=config.prefetch_batches,
+            queue_timeout_s=config.queue_timeout_millis / 1000 if config.queue_timeout_millis else None,
+            inline_max_s=config.inline_max_us / 1e6,
+        )
+        executor = ThreadPoolExecutor(
+            max_workers=limits.max_concurrent_batches + limits.prefetch_batches,
+            thread_name_prefix=f"edgeinfer-{source.name}-{source.version}",
+        )
         batcher = Batcher(
             name=f"{source.name!r} version {source.version}",
             run=loaded.backend.infer,
             policy=loaded.policy,
-            limits=QueueLimits(
-                max_queue_size=config.max_queue_size,
-                max_concurrent_batches=config.max_concurrent_batches,
-                prefetch_batches=config.prefetch_batches,
-                queue_timeout_s=config.queue_timeout_millis / 1000 if config.queue_timeout_millis else None,
-                inline_max_s=config.inline_max_us / 1e6,
-            ),
-            executor=self._executor,
+            limits=limits,
+            executor=executor,
             metrics=metrics,
         )
-        self._models.setdefault(source.name, {})[source.version] = ModelVersion(
+        return ModelVersion(
             name=source.name,
             version=source.version,
             config=config,
@@ -99,6 +179,7 @@ class Registry:
             backend=loaded.backend,
             batcher=batcher,
             policy=loaded.policy,
+            executor=executor,
         )
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
@@ -123,21 +204,45 @@ class Registry:
     def versions(self, name: str) -> list[ModelVersion]:
         return sorted(self._models.get(name, {}).values(), key=lambda entry: version_key(entry.version))
 
-    def all_ready(self) -> bool:
-        return all(
-            entry.state is ModelState.READY
+    def index(self) -> list[IndexEntry]:
+        """Every version known, with its state; failed loads appear as UNAVAILABLE with the reason."""
+        entries = [
+            IndexEntry(entry.name, entry.version, entry.state, entry.reason)
             for versions in self._models.values()
             for entry in versions.values()
-        )
+        ]
+        known = {(entry.name, entry.version) for entry in entries}
+        entries += [
+            IndexEntry(name, version, ModelState.UNAVAILABLE, reason)
+            for (name, version), reason in self._failures.items()
+            if (name, version) not in known
+        ]
+        return sorted(entries, key=lambda entry: (entry.name, version_key(entry.version)))
 
     async def close(self) -> None:
         """Answer what is queued, then free every model."""
-        entries = [entry for versions in self._models.values() for entry in versions.values()]
-        for entry in entries:
-            entry.state = ModelState.UNLOADING
-        await asyncio.gather(*(entry.batcher.drain() for entry in entries))
-        for entry in entries:
-            entry.backend.close()
-            entry.state = ModelState.UNAVAILABLE
-            entry.reason = "server stopped"
-            entry.batcher.metrics.ready = False
+        entries = [
+            entry
+            for versions in self._models.values()
+            for entry in versions.values()
+            if entry.state is ModelState.READY
+        ]
+        await asyncio.gather(*(self._retire(entry, "server stopped") for entry in entries))
+
+
+async def _load_all(sources: list[ModelSource]) -> tuple[list[LoadedModel], dict[tuple[str, str], str]]:
+    """Load sources concurrently in worker threads: (what loaded, reason per version that did not)."""
+    loop = asyncio.get_running_loop()
+    results = await asyncio.gather(
+        *(loop.run_in_executor(None, load_model, source) for source in sources), return_exceptions=True
+    )
+    loaded: list[LoadedModel] = []
+    failures: dict[tuple[str, str], str] = {}
+    for source, result in zip(sources, results, strict=True):
+        if isinstance(result, BaseException):
+            failures[source.name, source.version] = (
+                f"model {source.name!r} version {source.version} ({source.path}): {result}"
+            )
+        else:
+            loaded.append(result)
+    return loaded, failures

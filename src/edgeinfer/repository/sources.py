@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from edgeinfer.config import Config, ModelConfig, parse_model_config, read_yaml_mapping
-from edgeinfer.errors import ConfigError
+from edgeinfer.config import Config, ModelConfig, parse, parse_model_config, read_yaml_mapping
+from edgeinfer.errors import ConfigError, ModelNotFound
 
 log = logging.getLogger(__name__)
 
@@ -56,30 +57,49 @@ def scan_repository(root: Path) -> list[ModelSource]:
     for model_dir in sorted(
         path for path in root.iterdir() if path.is_dir() and not path.name.startswith(".")
     ):
-        config_file = model_dir / "config.yaml"
-        model_config = (
-            parse_model_config(read_yaml_mapping(config_file), str(config_file))
-            if config_file.is_file()
-            else ModelConfig()
-        )
-        versions = []
-        for version_dir in sorted(model_dir.iterdir()):
-            if not version_dir.is_dir():
-                continue
-            if not version_dir.name.isdigit():
-                log.warning("ignoring %s: version directories must be integers", version_dir)
-                continue
-            model_file = version_dir / MODEL_FILENAME
-            if not model_file.is_file():
-                raise ConfigError(
-                    f"model {model_dir.name!r} version {version_dir.name}: {model_file} is missing"
-                )
-            versions.append(
-                ModelSource(model_dir.name, str(int(version_dir.name)), str(model_file), model_config)
-            )
-        if not versions:
-            raise ConfigError(
-                f"model directory {model_dir} has no version directories (<version>/{MODEL_FILENAME})"
-            )
-        sources.extend(versions)
+        sources.extend(scan_model_dir(model_dir))
     return sources
+
+
+def scan_model_dir(model_dir: Path, override: dict[str, Any] | None = None) -> list[ModelSource]:
+    """The versions in one model directory; ``override`` replaces keys of its config.yaml."""
+    config_file = model_dir / "config.yaml"
+    raw = read_yaml_mapping(config_file) if config_file.is_file() else {}
+    model_config = parse_model_config({**raw, **(override or {})}, str(config_file))
+    versions = []
+    for version_dir in sorted(model_dir.iterdir()):
+        if not version_dir.is_dir():
+            continue
+        if not version_dir.name.isdigit():
+            log.warning("ignoring %s: version directories must be integers", version_dir)
+            continue
+        model_file = version_dir / MODEL_FILENAME
+        if not model_file.is_file():
+            raise ConfigError(f"model {model_dir.name!r} version {version_dir.name}: {model_file} is missing")
+        versions.append(
+            ModelSource(model_dir.name, str(int(version_dir.name)), str(model_file), model_config)
+        )
+    if not versions:
+        raise ConfigError(
+            f"model directory {model_dir} has no version directories (<version>/{MODEL_FILENAME})"
+        )
+    return versions
+
+
+def discover_model(config: Config, name: str, override: dict[str, Any] | None = None) -> list[ModelSource]:
+    """The versions of one model as the configuration and repository say now (for load requests)."""
+    if override and ("model_path" in override or "version" in override):
+        raise ConfigError("a load request may override batching and backend keys, not model_path or version")
+    entry = config.models.get(name)
+    if entry is not None:
+        path = entry.model_path
+        assert path is not None  # load_config resolved and checked it
+        if override:
+            merged = {**entry.model_dump(exclude_unset=True), **override}
+            entry = parse(ModelConfig, merged, f"load override for {name!r}")
+        return [ModelSource(name, entry.version or DEFAULT_VERSION, path, entry)]
+    if config.model_store_path is not None:
+        model_dir = Path(config.model_store_path) / name
+        if model_dir.is_dir() and "/" not in name and not name.startswith("."):
+            return scan_model_dir(model_dir, override)
+    raise ModelNotFound(f"no model named {name!r} in the repository or the configuration")

@@ -16,7 +16,7 @@ import logging
 import signal
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import TYPE_CHECKING
 
 from edgeinfer.config import Config
@@ -24,7 +24,7 @@ from edgeinfer.errors import ConfigError
 from edgeinfer.logs import AccessLog
 from edgeinfer.metrics import Metrics
 from edgeinfer.repository.registry import Registry
-from edgeinfer.repository.sources import discover
+from edgeinfer.repository.sources import discover, discover_model
 from edgeinfer.server.http import MetricsRoutes, V2Routes, error_response
 from edgeinfer.server.http_protocol import HttpServer
 from edgeinfer.service import InferenceService
@@ -39,14 +39,12 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self._sources = discover(config)
-        workers = sum(
-            source.config.max_concurrent_batches + source.config.prefetch_batches for source in self._sources
-        )
-        self._executor = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="edgeinfer-infer")
         self.metrics = Metrics()
-        self.registry = Registry(self._executor, self.metrics)
+        self.registry = Registry(self.metrics)
         access_log = AccessLog(config.logging.access_log, config.logging.access_log_sample_rate)
-        self.service = InferenceService(self.registry, self.metrics, access_log)
+        self.service = InferenceService(
+            self.registry, self.metrics, access_log, partial(discover_model, config)
+        )
         self._http: HttpServer | None = None
         self._metrics_http: HttpServer | None = None
         self._grpc: GrpcServer | None = None
@@ -120,7 +118,6 @@ class Server:
                 await http.stop()
         self._http = self._metrics_http = None
         await self.registry.close()
-        self._executor.shutdown(wait=True)
 
     async def serve(self) -> None:
         """Start, wait for SIGINT or SIGTERM, stop."""

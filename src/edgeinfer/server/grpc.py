@@ -24,6 +24,7 @@ from edgeinfer.errors import (
     EdgeInferError,
     InferenceFailed,
     InvalidInput,
+    ModelLoadError,
     ModelNotFound,
     ModelNotReady,
     PayloadTooLarge,
@@ -33,13 +34,14 @@ from edgeinfer.errors import (
 )
 from edgeinfer.protocol import grpc_codec
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
-from edgeinfer.service import InferenceService, Outcome, PendingInference, new_request_id
+from edgeinfer.service import InferenceService, Outcome, PendingInference, new_request_id, parse_override
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 
 CODE_BY_ERROR: dict[type[BaseException], grpc.StatusCode] = {
+    ModelLoadError: grpc.StatusCode.INVALID_ARGUMENT,
     PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
     ModelNotFound: grpc.StatusCode.NOT_FOUND,
@@ -191,25 +193,21 @@ class GrpcServer:
     async def repository_index(
         self, request: pb.RepositoryIndexRequest, context: Any
     ) -> pb.RepositoryIndexResponse:
-        models = [
-            {"name": model["name"], **version}
-            for model in self.service.model_index()
-            for version in model["versions"]
-            if not request.ready or version["state"] == "READY"
-        ]
+        models = self.service.repository_index(ready_only=request.ready)
         return grpc_codec.from_dict({"models": models}, pb.RepositoryIndexResponse())
 
-    async def repository_model_load(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "loading models at run time is not supported yet; restart the server",
-        )
+    async def repository_model_load(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        parameters = grpc_codec.parameters_to_dict(request.parameters)
+        await self.service.load_model(request.model_name, parse_override(parameters.get("config")))
+        return pb.RepositoryModelLoadResponse()
 
-    async def repository_model_unload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "unloading models at run time is not supported yet; restart the server",
-        )
+    async def repository_model_unload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        await self.service.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
 
     def _submit(
         self, request: pb.ModelInferRequest, deadline_s: float | None, outcome: Outcome

@@ -16,6 +16,9 @@ Routes::
     POST /v1/models/{m}[/versions/{v}]/predict     inference, same bodies as /infer
     GET  /health                                   200 when ready, 503 otherwise
     GET  /metrics                                  Prometheus metrics (also on the metrics port)
+    POST /v2/repository/index                      every version and its state (Triton's extension)
+    POST /v2/repository/models/{m}/load            load or reload a model (optional config override)
+    POST /v2/repository/models/{m}/unload          stop serving a model
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from edgeinfer.errors import (
     EdgeInferError,
     InferenceFailed,
     InvalidInput,
+    ModelLoadError,
     ModelNotFound,
     ModelNotReady,
     PayloadTooLarge,
@@ -40,7 +44,7 @@ from edgeinfer.metrics import Metrics
 from edgeinfer.protocol import http_binary, json_codec
 from edgeinfer.server import http_compression
 from edgeinfer.server.http_protocol import HttpRequest, HttpResponse
-from edgeinfer.service import InferenceService, Outcome, PendingInference, new_request_id
+from edgeinfer.service import InferenceService, Outcome, PendingInference, new_request_id, parse_override
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,7 @@ class RouteNotFound(ModelNotFound):
 
 STATUS_BY_ERROR: dict[type[BaseException], int] = {
     MethodNotAllowed: 405,
+    ModelLoadError: 400,
     PayloadTooLarge: 413,
     InvalidInput: 400,
     ModelNotFound: 404,
@@ -140,6 +145,8 @@ class V2Routes:
         service = self.service
         head = parts[0]
         if head == "v2":
+            if len(parts) >= 3 and parts[1] == "repository":
+                return self._repository(request, parts)
             if len(parts) >= 3 and parts[1] == "models":
                 return self._model_route(request, parts)
             if parts == ["v2"]:
@@ -169,6 +176,25 @@ class V2Routes:
             _allow(request, "GET")
             ready = service.ready()
             return _json(200 if ready else 503, {"status": "ready" if ready else "not ready"})
+        raise RouteNotFound(f"no route for {request.method} {request.path}")
+
+    def _repository(
+        self, request: HttpRequest, parts: list[str]
+    ) -> asyncio.Future[HttpResponse] | HttpResponse:
+        _allow(request, "POST")
+        service = self.service
+        document = json_codec.loads_object(request.body, "request body") if request.body.strip() else {}
+        if parts == ["v2", "repository", "index"]:
+            return _json(200, service.repository_index(ready_only=document.get("ready") is True))
+        if len(parts) == 5 and parts[2] == "models" and parts[4] in ("load", "unload"):
+            name = parts[3]
+            if parts[4] == "load":
+                parameters = document.get("parameters") or {}
+                override = parse_override(parameters.get("config") if isinstance(parameters, dict) else None)
+                work = service.load_model(name, override)
+            else:
+                work = service.unload_model(name)
+            return _when_done(asyncio.ensure_future(work))
         raise RouteNotFound(f"no route for {request.method} {request.path}")
 
     def _model_route(
@@ -272,6 +298,23 @@ class V2Routes:
             reply.body = http_compression.compress(body, encoding)
             reply.headers.append((b"content-encoding", encoding))
         return self._finish(outcome, reply, None)
+
+
+def _when_done(work: asyncio.Future[None]) -> asyncio.Future[HttpResponse]:
+    """An HTTP answer for a control operation: 200 with an empty object, or the error's status."""
+    answer: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
+
+    def finished(_: asyncio.Future[None]) -> None:
+        if answer.done():
+            return
+        if work.cancelled():
+            answer.cancel()
+            return
+        error = work.exception()
+        answer.set_result(response_for_error(error) if error is not None else _json(200, {}))
+
+    work.add_done_callback(finished)
+    return answer
 
 
 def _header_length(request: HttpRequest) -> int | None:
