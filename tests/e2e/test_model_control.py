@@ -119,7 +119,7 @@ def test_unknown_models_and_bad_overrides(repo_server):
     assert "must be a mapping" in reply.error
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     try:
-        with pytest.raises(InferenceServerException, match="NOT_FOUND.*unknown model 'nope'"):
+        with pytest.raises(InferenceServerException, match=r"NOT_FOUND.*unknown model 'nope'"):
             client.unload_model("nope")
     finally:
         client.close()
