@@ -241,3 +241,15 @@ def failing_model(path: Path) -> Path:
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", "batch2"])],
     )
     return save_model(graph, path)
+
+
+def dynamic_model(path: Path) -> Path:
+    """X FP32 [batch, n] -> ReduceSum over n -> Y FP32 [batch, 1]: a dynamic dimension besides the batch."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["X", "axes"], ["Y"], keepdims=1)],
+        "dynamic",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 1])],
+        [numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")],
+    )
+    return save_model(graph, path)

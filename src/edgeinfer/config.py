@@ -35,6 +35,48 @@ class OnnxRuntimeConfig(_Frozen):
     graph_optimization_level: GraphOptimizationLevel = "all"
 
 
+class VersionPolicy(_Frozen):
+    """Which version directories of a repository model are served.
+
+    Written as ``{latest: N}``, ``all`` or ``{specific: [1, 3]}`` (Triton's three policies).
+    """
+
+    kind: Literal["latest", "all", "specific"] = "latest"
+    latest: int = Field(1, ge=1)
+    versions: tuple[int, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_forms(cls, data: Any) -> Any:
+        if data == "all" or data == {"all": None} or data == {"all": {}}:
+            return {"kind": "all"}
+        if isinstance(data, dict) and set(data) == {"latest"}:
+            return {"kind": "latest", "latest": data["latest"]}
+        if isinstance(data, dict) and set(data) == {"specific"}:
+            return {"kind": "specific", "versions": data["specific"]}
+        if isinstance(data, dict) and (not data or "kind" in data):
+            return data
+        raise ValueError("write version_policy as {latest: N}, all, or {specific: [versions]}")
+
+    def select(self, versions: list[int]) -> list[int]:
+        if self.kind == "all":
+            return sorted(versions)
+        if self.kind == "latest":
+            return sorted(versions)[-self.latest :]
+        return sorted(set(self.versions) & set(versions))
+
+
+class WarmupConfig(_Frozen):
+    """How a version is exercised before it is marked ready."""
+
+    enabled: bool = True
+    batch_sizes: tuple[int, ...] | None = Field(None, description="default: 1 and max_batch_size")
+    shapes: dict[str, tuple[int, ...]] = Field(
+        default_factory=dict, description="per input, its dimensions after the batch one, for dynamic dims"
+    )
+    samples: tuple[str, ...] = Field((), description="V2 JSON request bodies to run, relative to the model")
+
+
 class ModelConfig(_Frozen):
     """One model: where it is, how it runs, and how its requests are batched and queued."""
 
@@ -42,6 +84,8 @@ class ModelConfig(_Frozen):
     backend: Literal["onnxruntime"] = "onnxruntime"
     version: str | None = None
     backend_config: OnnxRuntimeConfig = OnnxRuntimeConfig()
+    version_policy: VersionPolicy = VersionPolicy()
+    warmup: WarmupConfig = WarmupConfig()
 
     max_batch_size: int | None = Field(
         None, ge=0, description="rows per batch; 0 disables batching; unset: 8 if the model allows it"
@@ -124,8 +168,15 @@ class LoggingConfig(_Frozen):
         return level.upper() if isinstance(level, str) else level
 
 
+class RepositoryConfig(_Frozen):
+    poll_interval_s: float | None = Field(
+        None, gt=0, description="look for new, changed and removed models this often; off when unset"
+    )
+
+
 class Config(_Frozen):
     model_store_path: str | None = None
+    repository: RepositoryConfig = RepositoryConfig()
     models: dict[str, ModelConfig] = {}
     server: ServerConfig = ServerConfig()
     logging: LoggingConfig = LoggingConfig()

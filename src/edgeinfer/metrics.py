@@ -17,7 +17,8 @@ Exported, all prefixed ``edgeinfer_`` with units in the names:
     batch_size{model,version}                                    rows per executed batch (histogram)
     batches_total{model,version}
     queue_length{model,version}, inflight_requests{model,version}
-    model_load_duration_seconds{model,version}, model_ready{model,version},
+    model_load_duration_seconds{model,version}, model_warmup_duration_seconds{model,version},
+    model_ready{model,version},
     model_info{model,version,backend,execution_provider}
 """
 
@@ -110,6 +111,7 @@ class ModelMetrics:
     queue_length: Callable[[], int] = lambda: 0
     ready: bool = False
     load_s: float = 0.0
+    warmup_s: float = 0.0
     backend: str = ""
     execution_provider: str = ""
 
@@ -189,6 +191,9 @@ class Metrics(Collector):
         load = GaugeMetricFamily(
             PREFIX + "model_load_duration_seconds", "Time to load and warm up", labels=["model", "version"]
         )
+        warmup = GaugeMetricFamily(
+            PREFIX + "model_warmup_duration_seconds", "Time spent warming up", labels=["model", "version"]
+        )
         ready = GaugeMetricFamily(
             PREFIX + "model_ready", "1 when the version serves", labels=["model", "version"]
         )
@@ -203,9 +208,10 @@ class Metrics(Collector):
             inflight.add_metric(labels, model.inflight())
             if model.backend:
                 load.add_metric(labels, model.load_s)
+                warmup.add_metric(labels, model.warmup_s)
                 ready.add_metric(labels, 1.0 if model.ready else 0.0)
                 info.add_metric([*labels, model.backend, model.execution_provider], 1.0)
-        yield from (batches, queue_length, inflight, load, ready, info)
+        yield from (batches, queue_length, inflight, load, warmup, ready, info)
 
 
 def _per_model(models: list[ModelMetrics], attribute: str, name: str, documentation: str) -> Metric:

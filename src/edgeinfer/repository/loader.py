@@ -9,15 +9,19 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from edgeinfer.backends import Backend, load_backend
 from edgeinfer.batching.policy import BatchPolicy
-from edgeinfer.errors import ModelLoadError
+from edgeinfer.config import WarmupConfig
+from edgeinfer.errors import InvalidInput, ModelLoadError
+from edgeinfer.protocol import json_codec
 from edgeinfer.protocol.datatypes import numpy_dtype
 from edgeinfer.protocol.types import TensorSpec
 from edgeinfer.repository.sources import ModelSource
+from edgeinfer.validation import check_request
 
 log = logging.getLogger(__name__)
 
@@ -39,18 +43,21 @@ def load_model(source: ModelSource) -> LoadedModel:
     loaded_at = time.perf_counter()
     try:
         policy = batch_policy(source, backend)
-        warmup(backend, policy)
+        synthetic, samples = warmup(backend, policy, source.config.warmup)
     except ModelLoadError:
         backend.close()
         raise
     finished = time.perf_counter()
     log.info(
-        "loaded model %s version %s on %s in %.0f ms (warmup %.0f ms), max_batch_size %d",
+        "loaded model %s version %s on %s in %.0f ms (warmup %.0f ms: %d synthetic runs, %d samples), "
+        "max_batch_size %d",
         source.name,
         source.version,
         backend.execution_provider,
         (loaded_at - started) * 1000,
         (finished - loaded_at) * 1000,
+        synthetic,
+        samples,
         policy.max_batch_size,
     )
     return LoadedModel(source, backend, policy, loaded_at - started, finished - loaded_at)
@@ -84,31 +91,70 @@ def batch_policy(source: ModelSource, backend: Backend) -> BatchPolicy:
     )
 
 
-def warmup(backend: Backend, policy: BatchPolicy) -> None:
-    """Run the model on zeros at batch sizes 1 and max_batch_size, so the first request is not slow.
+def warmup(backend: Backend, policy: BatchPolicy, config: WarmupConfig | None = None) -> tuple[int, int]:
+    """Run the model before it serves, so the first request is not the slow one; failure is fatal.
 
-    Models with dynamic dimensions other than the batch dimension are not warmed up: no shape for them
-    can be guessed safely.
+    Synthetic zeros at each warmup batch size (default 1 and max_batch_size), with ``config.shapes``
+    filling dimensions the model leaves dynamic (an input with dynamic dimensions and no configured
+    shape is skipped, logged at DEBUG), then every sample request file as it is.
     """
-    batch_sizes = sorted({1, policy.max_batch_size}) if policy.max_batch_size > 0 else [0]
+    config = config or WarmupConfig()
+    if not config.enabled:
+        return 0, 0
+    synthetic = 0
+    batching = policy.max_batch_size > 0
+    default_sizes = {1, policy.max_batch_size} if batching else {0}
+    batch_sizes = sorted(config.batch_sizes or default_sizes) if batching else [0]
     for batch_size in batch_sizes:
-        inputs = {}
+        inputs: dict[str, np.ndarray] = {}
         for spec in backend.inputs:
-            shape = _warmup_shape(spec, batch_size)
+            shape = _warmup_shape(spec, batch_size, config.shapes.get(spec.name))
             if shape is None:
-                log.debug("no warmup: input %r has dynamic dimensions %s", spec.name, list(spec.shape))
-                return
+                log.debug(
+                    "no synthetic warmup: input %r has dynamic dimensions %s", spec.name, list(spec.shape)
+                )
+                inputs = {}
+                break
             inputs[spec.name] = _zeros(spec, shape)
+        if inputs:
+            _run(backend, inputs, f"at batch size {batch_size}" if batching else "")
+            synthetic += 1
+    for sample in config.samples:
         try:
-            backend.infer(inputs, None)
-        except Exception as exc:
-            raise ModelLoadError(f"warmup failed at batch size {batch_size}: {exc}") from None
+            request = json_codec.decode_request(Path(sample).read_bytes())
+        except OSError as exc:
+            raise ModelLoadError(f"warmup sample {sample} cannot be read: {exc.strerror}") from None
+        except InvalidInput as exc:
+            raise ModelLoadError(f"warmup sample {sample} is not a valid V2 request: {exc}") from None
+        try:
+            check_request("warmup", backend.inputs, backend.outputs, batching, request)
+        except InvalidInput as exc:
+            raise ModelLoadError(f"warmup sample {sample} does not fit the model: {exc}") from None
+        _run(backend, request.inputs, f"on sample {sample}")
+    return synthetic, len(config.samples)
 
 
-def _warmup_shape(spec: TensorSpec, batch_size: int) -> tuple[int, ...] | None:
-    dims = list(spec.shape)
-    if batch_size > 0:
-        dims[0] = batch_size
+def _run(backend: Backend, inputs: dict[str, np.ndarray], where: str) -> None:
+    try:
+        backend.infer(inputs, None)
+    except Exception as exc:
+        raise ModelLoadError(f"warmup failed {where}: {exc}".replace("failed :", "failed:")) from None
+
+
+def _warmup_shape(
+    spec: TensorSpec, batch_size: int, configured: tuple[int, ...] | None
+) -> tuple[int, ...] | None:
+    if configured is not None:
+        dims = [batch_size, *configured] if batch_size > 0 else list(configured)
+        if len(dims) != len(spec.shape):
+            raise ModelLoadError(
+                f"warmup shape {list(configured)} for input {spec.name!r} does not fit its shape "
+                f"{list(spec.shape)}"
+            )
+    else:
+        dims = list(spec.shape)
+        if batch_size > 0:
+            dims[0] = batch_size
     if any(dim < 0 for dim in dims):
         return None
     return tuple(dims)

@@ -152,6 +152,7 @@ class Registry:
         metrics.backend = config.backend
         metrics.execution_provider = loaded.backend.execution_provider
         metrics.load_s = loaded.load_s + loaded.warmup_s
+        metrics.warmup_s = loaded.warmup_s
         limits = QueueLimits(
             max_queue_size=config.max_queue_size,
             max_concurrent_batches=config.max_concurrent_batches,

@@ -66,24 +66,42 @@ def scan_model_dir(model_dir: Path, override: dict[str, Any] | None = None) -> l
     config_file = model_dir / "config.yaml"
     raw = read_yaml_mapping(config_file) if config_file.is_file() else {}
     model_config = parse_model_config({**raw, **(override or {})}, str(config_file))
-    versions = []
+    found = {}
     for version_dir in sorted(model_dir.iterdir()):
         if not version_dir.is_dir():
             continue
         if not version_dir.name.isdigit():
             log.warning("ignoring %s: version directories must be integers", version_dir)
             continue
-        model_file = version_dir / MODEL_FILENAME
-        if not model_file.is_file():
-            raise ConfigError(f"model {model_dir.name!r} version {version_dir.name}: {model_file} is missing")
-        versions.append(
-            ModelSource(model_dir.name, str(int(version_dir.name)), str(model_file), model_config)
-        )
-    if not versions:
+        found[int(version_dir.name)] = version_dir
+    if not found:
         raise ConfigError(
             f"model directory {model_dir} has no version directories (<version>/{MODEL_FILENAME})"
         )
+    policy = model_config.version_policy
+    chosen = policy.select(list(found))
+    if policy.kind == "specific" and len(chosen) != len(set(policy.versions)):
+        missing = sorted(set(policy.versions) - set(found))
+        raise ConfigError(
+            f"model {model_dir.name!r}: version_policy names versions {missing} that do not exist"
+        )
+    versions = []
+    for number in chosen:
+        model_file = found[number] / MODEL_FILENAME
+        if not model_file.is_file():
+            raise ConfigError(f"model {model_dir.name!r} version {number}: {model_file} is missing")
+        config = _with_model_dir(model_config, model_dir)
+        versions.append(ModelSource(model_dir.name, str(number), str(model_file), config))
     return versions
+
+
+def _with_model_dir(config: ModelConfig, model_dir: Path) -> ModelConfig:
+    """Warmup sample paths in a repository model's config.yaml are relative to the model directory."""
+    samples = config.warmup.samples
+    if not samples:
+        return config
+    resolved = tuple(str((model_dir / sample).resolve()) for sample in samples)
+    return config.model_copy(update={"warmup": config.warmup.model_copy(update={"samples": resolved})})
 
 
 def discover_model(config: Config, name: str, override: dict[str, Any] | None = None) -> list[ModelSource]:

@@ -17,12 +17,14 @@ import signal
 import socket
 import time
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgeinfer.config import Config
 from edgeinfer.errors import ConfigError
 from edgeinfer.logs import AccessLog
 from edgeinfer.metrics import Metrics
+from edgeinfer.repository.poller import RepositoryPoller
 from edgeinfer.repository.registry import Registry
 from edgeinfer.repository.sources import discover, discover_model
 from edgeinfer.server.http import MetricsRoutes, V2Routes, error_response
@@ -48,6 +50,7 @@ class Server:
         self._http: HttpServer | None = None
         self._metrics_http: HttpServer | None = None
         self._grpc: GrpcServer | None = None
+        self._poller: RepositoryPoller | None = None
         self._http_socket: socket.socket | None = None
 
     @property
@@ -78,6 +81,13 @@ class Server:
         except BaseException:
             await self.stop()
             raise
+        interval = self.config.repository.poll_interval_s
+        if interval is not None and self.config.model_store_path is not None:
+            root = Path(self.config.model_store_path)
+            self._poller = RepositoryPoller(
+                root, interval, self.service.load_model, self.service.unload_model
+            )
+            self._poller.start()
         # Models, sessions and module state live for the whole run: move them out of the collector's
         # reach so that garbage collections triggered by request traffic stay short (tail latency).
         gc.freeze()
@@ -110,6 +120,9 @@ class Server:
     async def stop(self) -> None:
         """Stop taking connections, answer what is queued, free the models."""
         self.service.set_ready(False)
+        if self._poller is not None:
+            await self._poller.stop()
+            self._poller = None
         if self._grpc is not None:
             await self._grpc.stop()
             self._grpc = None
