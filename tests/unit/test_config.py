@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeinfer.config import load_config
+from edgeinfer.config import ModelConfig, load_config
 from edgeinfer.errors import ConfigError
 from tests.support import matmul_model
 
@@ -115,3 +115,35 @@ def test_cli_overrides_win_over_the_file(tmp_path, model_file):
 def test_unreadable_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "absent.yaml")
+
+
+@pytest.mark.parametrize(
+    ("written", "available", "chosen"),
+    [
+        (None, [1, 2, 3], [3]),
+        ({"latest": 2}, [3, 1, 2], [2, 3]),
+        ("all", [2, 1], [1, 2]),
+        ({"specific": [1, 3]}, [1, 2, 3], [1, 3]),
+    ],
+)
+def test_version_policies(written, available, chosen):
+    config = ModelConfig.model_validate({} if written is None else {"version_policy": written})
+    assert config.version_policy.select(available) == chosen
+
+
+def test_a_bad_version_policy_says_how_to_write_it(tmp_path, model_file):
+    path = write(tmp_path, "models:\n  m:\n    model_path: m.onnx\n    version_policy: newest\n")
+    with pytest.raises(ConfigError, match=r"write version_policy as \{latest: N\}, all, or \{specific"):
+        load_config(path)
+
+
+def test_warmup_and_polling_keys(tmp_path, model_file):
+    path = write(
+        tmp_path,
+        "repository: {poll_interval_s: 5}\n"
+        "models:\n  m:\n    model_path: m.onnx\n"
+        "    warmup: {batch_sizes: [1, 2], shapes: {X: [16]}, samples: [a.json]}\n",
+    )
+    config = load_config(path)
+    assert config.repository.poll_interval_s == 5
+    assert config.models["m"].warmup.shapes == {"X": (16,)}
