@@ -97,6 +97,10 @@ class ModelConfig(_Frozen):
     max_queue_size: int = Field(512, ge=1, description="queued requests (not rows) before 429")
     queue_timeout_millis: float | None = Field(None, gt=0)
     default_priority_level: int = Field(1, ge=1)
+    residency: Literal["resident", "lru", "on_demand"] = Field(
+        "resident", description="resident: always loaded; lru: may be evicted; on_demand: loaded on first use"
+    )
+    idle_unload_s: float | None = Field(None, gt=0, description="on_demand: unload after this long unused")
     inline_max_us: float = Field(
         100.0, ge=0, description="batches predicted faster than this run on the event loop; 0: never"
     )
@@ -174,9 +178,23 @@ class RepositoryConfig(_Frozen):
     )
 
 
+class ResidencyConfig(_Frozen):
+    """Limits on loaded models; when over, the least recently used ``lru``/``on_demand`` model is evicted.
+
+    Memory is estimated as each version's model file size times ``memory_factor`` (ONNX Runtime's
+    working memory is roughly proportional to the weights); it is predictable, unlike RSS growth, which
+    other loads and requests disturb.
+    """
+
+    max_loaded_models: int | None = Field(None, ge=1)
+    memory_budget_mb: float | None = Field(None, gt=0)
+    memory_factor: float = Field(2.0, gt=0)
+
+
 class Config(_Frozen):
     model_store_path: str | None = None
     repository: RepositoryConfig = RepositoryConfig()
+    residency: ResidencyConfig = ResidencyConfig()
     models: dict[str, ModelConfig] = {}
     server: ServerConfig = ServerConfig()
     logging: LoggingConfig = LoggingConfig()

@@ -7,6 +7,7 @@
     │   └── PayloadTooLarge              the body is over the configured limit
     ├── ModelNotFound (LookupError)      no such model or version
     ├── ModelNotReady                    known, but not servable right now
+    │   └── ModelEvicted                 unloaded to save memory; a request loads it again
     ├── ServerBusy                       the model's queue is full; retry later
     ├── RequestTimeout (TimeoutError)    the deadline passed before the request ran
     ├── RequestCancelled                 the client went away before the request ran
@@ -47,6 +48,13 @@ class ModelNotFound(EdgeInferError, LookupError):
 
 class ModelNotReady(EdgeInferError):
     """The model is known but cannot serve now (loading, unloading, failed)."""
+
+
+class ModelEvicted(ModelNotReady):
+    """The model was unloaded to stay within the residency limits (or was never loaded, on demand).
+
+    Transports catch this, wait for ``InferenceService.load_evicted`` and submit again.
+    """
 
 
 class ServerBusy(EdgeInferError):

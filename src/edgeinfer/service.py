@@ -21,11 +21,20 @@ import yaml
 
 from edgeinfer import __version__
 from edgeinfer.batching.batcher import RequestTrace
-from edgeinfer.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotReady
+from edgeinfer.config import ResidencyConfig
+from edgeinfer.errors import (
+    ConfigError,
+    InvalidInput,
+    ModelEvicted,
+    ModelNotFound,
+    ModelNotReady,
+    RequestTimeout,
+)
 from edgeinfer.logs import AccessLog
 from edgeinfer.metrics import UNKNOWN_MODEL, Metrics, ModelMetrics, status_label
 from edgeinfer.protocol.types import InferRequest, InferResponse, TensorSpec
 from edgeinfer.repository.registry import ModelState, Registry
+from edgeinfer.repository.residency import Residency
 from edgeinfer.repository.sources import ModelSource
 from edgeinfer.validation import check_request, parse_priority, parse_timeout_s
 
@@ -83,8 +92,10 @@ class InferenceService:
         metrics: Metrics,
         access_log: AccessLog,
         discover: Callable[[str, dict[str, Any] | None], list[ModelSource]],
+        residency: ResidencyConfig | None = None,
     ) -> None:
         self.registry = registry
+        self.residency = Residency(registry, residency or ResidencyConfig(), self.load_model)
         self._discover = discover
         self.metrics = metrics
         self.access_log = access_log
@@ -187,6 +198,7 @@ class InferenceService:
         except ConfigError as error:
             raise InvalidInput(str(error)) from None
         await self.registry.reload(name, sources)
+        self.registry.last_used.setdefault(name, time.monotonic())
 
     async def unload_model(self, name: str) -> None:
         """Stop serving ``name``; what is queued or running for it is answered first."""
@@ -242,6 +254,7 @@ class InferenceService:
         entry = self.registry.get(name, version)
         if entry.state is not ModelState.READY:
             raise ModelNotReady(f"model {name!r} version {entry.version} is {entry.state.value.lower()}")
+        self.registry.last_used[name] = time.monotonic()
         backend = entry.backend
         checked = check_request(
             name, backend.inputs, backend.outputs, entry.policy.max_batch_size > 0, request
@@ -257,8 +270,40 @@ class InferenceService:
         )
         return PendingInference(name, entry.version, request, outputs, checked.rows, entry.batcher.metrics)
 
+    async def load_evicted(self, name: str, timeout_s: float | None) -> None:
+        """Load a model evicted for memory (or on demand), waiting at most ``timeout_s``.
+
+        Concurrent callers share one load; a caller that gives up does not cancel it for the others.
+        """
+        load = self.residency.load_evicted(name)
+        try:
+            await asyncio.wait_for(asyncio.shield(load), timeout_s)
+        except asyncio.TimeoutError:
+            raise RequestTimeout(
+                f"model {name!r} is still loading after {timeout_s:.3f} s, the request's timeout"
+            ) from None
+
+    async def submit_loading(
+        self,
+        name: str,
+        version: str | None,
+        request: InferRequest,
+        deadline_s: float | None = None,
+        trace: RequestTrace | None = None,
+    ) -> PendingInference:
+        """``submit``, first loading the model if it was evicted (bounded by the request's deadline)."""
+        try:
+            return self.submit(name, version, request, deadline_s, trace)
+        except ModelEvicted:
+            started = time.monotonic()
+            timeout_s = _earliest(parse_timeout_s(request.parameters), deadline_s)
+            await self.load_evicted(name, timeout_s)
+            left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - started))
+            request.parameters.pop("timeout", None)  # what is left of it is in ``left``
+            return self.submit(name, version, request, left, trace)
+
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
-        pending = self.submit(name, version, request)
+        pending = await self.submit_loading(name, version, request)
         await pending.outputs
         return pending.response()
 

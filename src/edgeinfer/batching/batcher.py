@@ -117,6 +117,11 @@ class Batcher:
     def running_batches(self) -> int:
         return self._running
 
+    @property
+    def outstanding(self) -> int:
+        """Requests submitted and not yet answered (queued or in a running batch)."""
+        return self._outstanding
+
     def submit(
         self,
         inputs: Tensors,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from edgeinfer.backends import Backend
 from edgeinfer.batching.batcher import Batcher, QueueLimits
 from edgeinfer.batching.policy import BatchPolicy
 from edgeinfer.config import ModelConfig
-from edgeinfer.errors import ModelLoadError, ModelNotFound, ModelNotReady
+from edgeinfer.errors import ModelEvicted, ModelLoadError, ModelNotFound, ModelNotReady
 from edgeinfer.metrics import Metrics
 from edgeinfer.repository.loader import LoadedModel, load_model
 from edgeinfer.repository.sources import ModelSource
@@ -40,6 +41,7 @@ class ModelVersion:
     batcher: Batcher
     policy: BatchPolicy
     executor: ThreadPoolExecutor
+    file_bytes: int = 0
     reason: str = ""
 
     def close(self) -> None:
@@ -80,6 +82,45 @@ class Registry:
         self._models: dict[str, dict[str, ModelVersion]] = {}
         self._failures: dict[tuple[str, str], str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._deferred: dict[str, list[ModelSource]] = {}  # on_demand models never loaded yet
+        self.last_used: dict[str, float] = {}
+
+    def defer(self, sources: Iterable[ModelSource]) -> None:
+        """List models that load on their first request (residency: on_demand) without loading them."""
+        for source in sources:
+            self._deferred.setdefault(source.name, []).append(source)
+
+    def residency(self, name: str) -> str:
+        """The residency of a model (``resident`` for unknown ones)."""
+        for entry in self._models.get(name, {}).values():
+            return entry.config.residency
+        deferred = self._deferred.get(name)
+        return deferred[0].config.residency if deferred else "resident"
+
+    def is_evicted(self, name: str) -> bool:
+        """No version serves because of residency (evicted, or on demand and never loaded)."""
+        versions = self._models.get(name)
+        if not versions:
+            return name in self._deferred
+        return all(
+            entry.state is ModelState.UNAVAILABLE and entry.reason == "evicted" for entry in versions.values()
+        )
+
+    async def evict(self, name: str) -> None:
+        """Unload every version of ``name`` to free memory; it loads again on its next request."""
+        async with self._lock(name):
+            ready = [
+                entry for entry in self._models.get(name, {}).values() if entry.state is ModelState.READY
+            ]
+            await asyncio.gather(*(self._retire(entry, "evicted") for entry in ready))
+
+    def loaded(self) -> list[ModelVersion]:
+        return [
+            entry
+            for versions in self._models.values()
+            for entry in versions.values()
+            if entry.state is ModelState.READY
+        ]
 
     async def load(self, sources: Iterable[ModelSource]) -> None:
         """Start-up: load and warm up every source concurrently; any failure fails the whole call."""
@@ -104,6 +145,7 @@ class Registry:
                     self._failures[model_name, version] = reason
                 raise ModelLoadError(f"cannot load model {name!r}:\n  " + "\n  ".join(failures.values()))
             old = dict(self._models.get(name, {}))
+            self._deferred.pop(name, None)
             for model in loaded:
                 self._failures.pop((name, model.source.version), None)
                 self._install(self._make_entry(model))
@@ -181,22 +223,29 @@ class Registry:
             batcher=batcher,
             policy=loaded.policy,
             executor=executor,
+            file_bytes=os.path.getsize(source.path),
         )
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
         """The version to serve: the named one, or the highest READY one. Raises if none can serve."""
         versions = self._models.get(name)
         if not versions:
+            if name in self._deferred:
+                raise ModelEvicted(f"model {name!r} is loaded on demand and not loaded yet")
             raise ModelNotFound(f"unknown model {name!r}")
         if version is None:
             ready = [entry for entry in versions.values() if entry.state is ModelState.READY]
             if not ready:
+                if self.is_evicted(name):
+                    raise ModelEvicted(f"model {name!r} was evicted to save memory")
                 raise ModelNotReady(f"model {name!r} has no version ready to serve")
             return max(ready, key=lambda entry: version_key(entry.version))
         entry = versions.get(version)
         if entry is None:
             known = ", ".join(sorted(versions, key=version_key))
             raise ModelNotFound(f"model {name!r} has no version {version!r}; its versions are: {known}")
+        if entry.state is ModelState.UNAVAILABLE and entry.reason == "evicted":
+            raise ModelEvicted(f"model {name!r} version {version} was evicted to save memory")
         return entry
 
     def names(self) -> list[str]:
@@ -211,6 +260,11 @@ class Registry:
             IndexEntry(entry.name, entry.version, entry.state, entry.reason)
             for versions in self._models.values()
             for entry in versions.values()
+        ]
+        entries += [
+            IndexEntry(source.name, source.version, ModelState.UNAVAILABLE, "evicted")
+            for sources in self._deferred.values()
+            for source in sources
         ]
         known = {(entry.name, entry.version) for entry in entries}
         entries += [

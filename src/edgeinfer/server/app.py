@@ -45,7 +45,7 @@ class Server:
         self.registry = Registry(self.metrics)
         access_log = AccessLog(config.logging.access_log, config.logging.access_log_sample_rate)
         self.service = InferenceService(
-            self.registry, self.metrics, access_log, partial(discover_model, config)
+            self.registry, self.metrics, access_log, partial(discover_model, config), config.residency
         )
         self._http: HttpServer | None = None
         self._metrics_http: HttpServer | None = None
@@ -76,11 +76,15 @@ class Server:
             await self._start_grpc(
                 server_config.host, server_config.grpc_port, server_config.max_request_bytes
             )
+        on_demand = [source for source in self._sources if source.config.residency == "on_demand"]
+        self.registry.defer(on_demand)
         try:
-            await self.registry.load(self._sources)
+            await self.registry.load(source for source in self._sources if source not in on_demand)
+            await self.service.residency.enforce()
         except BaseException:
             await self.stop()
             raise
+        self.service.residency.start()
         interval = self.config.repository.poll_interval_s
         if interval is not None and self.config.model_store_path is not None:
             root = Path(self.config.model_store_path)
@@ -123,6 +127,7 @@ class Server:
         if self._poller is not None:
             await self._poller.stop()
             self._poller = None
+        await self.service.residency.stop()
         if self._grpc is not None:
             await self._grpc.stop()
             self._grpc = None

@@ -209,13 +209,13 @@ class GrpcServer:
         await self.service.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
-    def _submit(
+    async def _submit(
         self, request: pb.ModelInferRequest, deadline_s: float | None, outcome: Outcome
     ) -> PendingInference:
         decoded = grpc_codec.decode_infer_request(request)
         outcome.decode_s = time.perf_counter() - outcome.started
         outcome.request_id = decoded.id or new_request_id()
-        pending = self.service.submit(
+        pending = await self.service.submit_loading(
             request.model_name, request.model_version or None, decoded, deadline_s, trace=outcome.trace
         )
         outcome.rows, outcome.metrics = pending.rows, pending.metrics
@@ -224,7 +224,7 @@ class GrpcServer:
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         outcome = Outcome("grpc", request.model_name, request.model_version or None)
         try:
-            pending = self._submit(request, context.time_remaining(), outcome)
+            pending = await self._submit(request, context.time_remaining(), outcome)
             await pending.outputs  # a cancelled call cancels this await, and with it the queued request
             return _encode(pending, outcome)
         except asyncio.CancelledError:
@@ -251,7 +251,7 @@ class GrpcServer:
                         continue
                     outcome = Outcome("grpc", request.model_name, request.model_version or None)
                     try:
-                        answers.put_nowait((outcome, self._submit(request, None, outcome)))
+                        answers.put_nowait((outcome, await self._submit(request, None, outcome)))
                     except EdgeInferError as error:
                         outcome.error = error
                         answers.put_nowait((outcome, None))

@@ -32,6 +32,7 @@ from edgeinfer.errors import (
     EdgeInferError,
     InferenceFailed,
     InvalidInput,
+    ModelEvicted,
     ModelLoadError,
     ModelNotFound,
     ModelNotReady,
@@ -239,9 +240,40 @@ class V2Routes:
             outcome.decode_s = time.perf_counter() - outcome.started
             outcome.request_id = given_id.decode("latin-1") if given_id else decoded.id or new_request_id()
             pending = self.service.submit(name, version, decoded, trace=outcome.trace)
+        except ModelEvicted:  # the rare slow path: load the model, then answer
+            work = self.service.submit_loading(name, version, decoded, trace=outcome.trace)
+            return self._after(asyncio.ensure_future(work), request, outcome)
         except Exception as error:
             outcome.request_id = outcome.request_id or (given_id or b"").decode("latin-1") or new_request_id()
             return self._finish(outcome, response_for_error(error), error)
+        return self._answer_when_done(pending, request, outcome)
+
+    def _after(
+        self, submitting: asyncio.Future[PendingInference], request: HttpRequest, outcome: Outcome
+    ) -> asyncio.Future[HttpResponse]:
+        """Answer once ``submitting`` (a model load, then the submit) and then the inference are done."""
+        answer: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
+
+        def submitted(_: asyncio.Future[PendingInference]) -> None:
+            if answer.done():
+                return
+            error = submitting.exception() if not submitting.cancelled() else RequestCancelled("cancelled")
+            if error is not None:
+                answer.set_result(self._finish(outcome, response_for_error(error), error))
+                return
+            inner = self._answer_when_done(submitting.result(), request, outcome)
+            if isinstance(inner, HttpResponse):
+                answer.set_result(inner)
+            else:
+                inner.add_done_callback(lambda _: None if answer.done() else _copy(inner, answer))
+                answer.add_done_callback(lambda _: inner.cancel() if answer.cancelled() else None)
+
+        submitting.add_done_callback(submitted)
+        return answer
+
+    def _answer_when_done(
+        self, pending: PendingInference, request: HttpRequest, outcome: Outcome
+    ) -> HttpResponse | asyncio.Future[HttpResponse]:
         outcome.rows, outcome.metrics = pending.rows, pending.metrics
         encoding = http_compression.choose_encoding(request.headers.get(b"accept-encoding"))
         if pending.outputs.done():  # a fast model ran inline: answer without another loop iteration
@@ -298,6 +330,13 @@ class V2Routes:
             reply.body = http_compression.compress(body, encoding)
             reply.headers.append((b"content-encoding", encoding))
         return self._finish(outcome, reply, None)
+
+
+def _copy(source: asyncio.Future[HttpResponse], target: asyncio.Future[HttpResponse]) -> None:
+    if source.cancelled():
+        target.cancel()
+    else:
+        target.set_result(source.result())
 
 
 def _when_done(work: asyncio.Future[None]) -> asyncio.Future[HttpResponse]:
