@@ -81,6 +81,7 @@ class ModelConfig(_Frozen):
     """One model: where it is, how it runs, and how its requests are batched and queued."""
 
     model_path: str | None = None
+    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$", description="checks an http(s) model_path")
     backend: Literal["onnxruntime"] = "onnxruntime"
     version: str | None = None
     backend_config: OnnxRuntimeConfig = OnnxRuntimeConfig()
@@ -176,6 +177,12 @@ class RepositoryConfig(_Frozen):
     poll_interval_s: float | None = Field(
         None, gt=0, description="look for new, changed and removed models this often; off when unset"
     )
+    cache_dir: str = Field("~/.cache/edgeinfer", description="where remote models are copied")
+    s3_endpoint_url: str | None = Field(None, description="for MinIO-style or local S3-compatible stores")
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir).expanduser()
 
 
 class ResidencyConfig(_Frozen):
@@ -293,16 +300,22 @@ def _resolve_paths(config: Config, base_dir: Path, source: str) -> Config:
     for name, model in config.models.items():
         if model.model_path is None:
             raise ConfigError(f"{source}: models.{name}.model_path: required key is missing")
+        if model.model_path.startswith(("http://", "https://")):
+            models[name] = model  # fetched (and checked against sha256) when it is loaded
+            continue
         if "://" in model.model_path:
-            raise ConfigError(f"{source}: models.{name}.model_path: remote paths are not supported yet")
+            raise ConfigError(
+                f"{source}: models.{name}.model_path: only local paths and http(s):// URLs are supported"
+            )
         path = (base_dir / model.model_path).resolve()
         if not path.is_file():
             raise ConfigError(f"{source}: models.{name}.model_path: model file {path} does not exist")
         models[name] = model.model_copy(update={"model_path": str(path)})
     store = config.model_store_path
-    if store is not None:
-        if "://" in store:
-            raise ConfigError(f"{source}: model_store_path: remote repositories are not supported yet")
+    if store is not None and "://" in store:
+        if not store.startswith("s3://"):
+            raise ConfigError(f"{source}: model_store_path: remote repositories must be s3:// URLs")
+    elif store is not None:
         resolved = (base_dir / store).resolve()
         if not resolved.is_dir():
             raise ConfigError(f"{source}: model_store_path: directory {resolved} does not exist")

@@ -193,8 +193,9 @@ class InferenceService:
         The versions serving now keep serving until the new ones are warmed up; if loading fails they
         keep serving and the index shows why.
         """
-        try:
-            sources = self._discover(name, override)
+        loop = asyncio.get_running_loop()
+        try:  # reading the repository (or a remote one) is blocking I/O: off the event loop
+            sources = await loop.run_in_executor(None, self._discover, name, override)
         except ConfigError as error:
             raise InvalidInput(str(error)) from None
         await self.registry.reload(name, sources)

@@ -20,6 +20,7 @@ from edgeinfer.errors import InvalidInput, ModelLoadError
 from edgeinfer.protocol import json_codec
 from edgeinfer.protocol.datatypes import numpy_dtype
 from edgeinfer.protocol.types import TensorSpec
+from edgeinfer.repository.remote import fetch_url, is_remote
 from edgeinfer.repository.sources import ModelSource
 from edgeinfer.validation import check_request
 
@@ -35,11 +36,15 @@ class LoadedModel:
     policy: BatchPolicy
     load_s: float
     warmup_s: float
+    local_path: str
 
 
 def load_model(source: ModelSource) -> LoadedModel:
     started = time.perf_counter()
-    backend = load_backend(source.path, source.config)
+    path = source.path
+    if is_remote(path):
+        path = str(fetch_url(path, source.config.sha256, Path(source.cache_dir or ".")))
+    backend = load_backend(path, source.config)
     loaded_at = time.perf_counter()
     try:
         policy = batch_policy(source, backend)
@@ -60,7 +65,7 @@ def load_model(source: ModelSource) -> LoadedModel:
         samples,
         policy.max_batch_size,
     )
-    return LoadedModel(source, backend, policy, loaded_at - started, finished - loaded_at)
+    return LoadedModel(source, backend, policy, loaded_at - started, finished - loaded_at, path)
 
 
 def can_batch(backend: Backend) -> bool:

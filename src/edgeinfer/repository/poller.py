@@ -2,7 +2,8 @@
 
 Every ``interval_s`` the poller takes a fingerprint of each model directory (its config.yaml and every
 version's model file: size and modification time) and compares it with the last one. A new or changed
-model is handed to ``load`` and a removed one to ``unload`` — the same calls the repository API makes,
+model is handed to ``load`` and a removed one to ``unload`` (a remote repository's local mirror is
+refreshed first, by ``refresh``) — the same calls the repository API makes,
 so a reload swaps versions without failing requests either way. A failed load is logged and retried
 only when the directory changes again.
 """
@@ -47,8 +48,10 @@ class RepositoryPoller:
         interval_s: float,
         load: Callable[[str], Awaitable[None]],
         unload: Callable[[str], Awaitable[None]],
+        refresh: Callable[[], None] | None = None,
     ) -> None:
         self.root = root
+        self._refresh = refresh
         self.interval_s = interval_s
         self._load = load
         self._unload = unload
@@ -75,7 +78,14 @@ class RepositoryPoller:
                 log.warning("cannot read the model repository %s: %s", self.root, exc)
 
     async def poll_once(self) -> None:
-        current = await asyncio.get_running_loop().run_in_executor(None, snapshot, self.root)
+        loop = asyncio.get_running_loop()
+        if self._refresh is not None:  # a remote repository: bring the local mirror up to date first
+            try:
+                await loop.run_in_executor(None, self._refresh)
+            except EdgeInferError as error:
+                log.warning("repository: %s", error)
+                return
+        current = await loop.run_in_executor(None, snapshot, self.root)
         for name, print_now in current.items():
             if self._known.get(name) != print_now:
                 log.info("repository: model %s is new or changed; loading it", name)

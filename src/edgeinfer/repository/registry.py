@@ -223,7 +223,7 @@ class Registry:
             batcher=batcher,
             policy=loaded.policy,
             executor=executor,
-            file_bytes=os.path.getsize(source.path),
+            file_bytes=os.path.getsize(loaded.local_path),
         )
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:

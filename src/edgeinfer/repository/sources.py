@@ -28,8 +28,9 @@ class ModelSource:
 
     name: str
     version: str
-    path: str
+    path: str  # a local file, or an http(s) URL fetched into cache_dir when loaded
     config: ModelConfig
+    cache_dir: str = ""
 
 
 def discover(config: Config) -> list[ModelSource]:
@@ -39,7 +40,8 @@ def discover(config: Config) -> list[ModelSource]:
         sources.extend(scan_repository(Path(config.model_store_path)))
     for name, model in config.models.items():
         assert model.model_path is not None  # load_config resolved and checked it
-        sources.append(ModelSource(name, model.version or DEFAULT_VERSION, model.model_path, model))
+        cache = str(config.repository.cache_path)
+        sources.append(ModelSource(name, model.version or DEFAULT_VERSION, model.model_path, model, cache))
     seen: dict[tuple[str, str], str] = {}
     for source in sources:
         key = (source.name, source.version)
@@ -115,7 +117,11 @@ def discover_model(config: Config, name: str, override: dict[str, Any] | None = 
         if override:
             merged = {**entry.model_dump(exclude_unset=True), **override}
             entry = parse(ModelConfig, merged, f"load override for {name!r}")
-        return [ModelSource(name, entry.version or DEFAULT_VERSION, path, entry)]
+        return [
+            ModelSource(
+                name, entry.version or DEFAULT_VERSION, path, entry, str(config.repository.cache_path)
+            )
+        ]
     if config.model_store_path is not None:
         model_dir = Path(config.model_store_path) / name
         if model_dir.is_dir() and "/" not in name and not name.startswith("."):

@@ -16,9 +16,8 @@ import logging
 import signal
 import socket
 import time
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.config import Config
 from edgeinfer.errors import ConfigError
@@ -26,7 +25,8 @@ from edgeinfer.logs import AccessLog
 from edgeinfer.metrics import Metrics
 from edgeinfer.repository.poller import RepositoryPoller
 from edgeinfer.repository.registry import Registry
-from edgeinfer.repository.sources import discover, discover_model
+from edgeinfer.repository.remote import S3Mirror, is_remote
+from edgeinfer.repository.sources import ModelSource, discover, discover_model
 from edgeinfer.server.http import MetricsRoutes, V2Routes, error_response
 from edgeinfer.server.http_protocol import HttpServer
 from edgeinfer.service import InferenceService
@@ -39,19 +39,32 @@ log = logging.getLogger(__name__)
 
 class Server:
     def __init__(self, config: Config) -> None:
+        self._mirror: S3Mirror | None = None
+        store = config.model_store_path
+        if store is not None and is_remote(store):
+            # An s3:// repository is mirrored into the cache directory; everything else reads the mirror.
+            self._mirror = S3Mirror(store, config.repository.cache_path, config.repository.s3_endpoint_url)
+            self._mirror.sync()
+            config = config.model_copy(update={"model_store_path": str(self._mirror.local)})
         self.config = config
         self._sources = discover(config)
         self.metrics = Metrics()
         self.registry = Registry(self.metrics)
         access_log = AccessLog(config.logging.access_log, config.logging.access_log_sample_rate)
         self.service = InferenceService(
-            self.registry, self.metrics, access_log, partial(discover_model, config), config.residency
+            self.registry, self.metrics, access_log, self._discover, config.residency
         )
         self._http: HttpServer | None = None
         self._metrics_http: HttpServer | None = None
         self._grpc: GrpcServer | None = None
         self._poller: RepositoryPoller | None = None
         self._http_socket: socket.socket | None = None
+
+    def _discover(self, name: str, override: dict[str, Any] | None) -> list[ModelSource]:
+        """The versions of one model now (for load requests), refreshing a remote mirror first."""
+        if self._mirror is not None:
+            self._mirror.sync()
+        return discover_model(self.config, name, override)
 
     @property
     def http_port(self) -> int:
@@ -88,8 +101,9 @@ class Server:
         interval = self.config.repository.poll_interval_s
         if interval is not None and self.config.model_store_path is not None:
             root = Path(self.config.model_store_path)
+            refresh = self._mirror.sync if self._mirror is not None else None
             self._poller = RepositoryPoller(
-                root, interval, self.service.load_model, self.service.unload_model
+                root, interval, self.service.load_model, self.service.unload_model, refresh
             )
             self._poller.start()
         # Models, sessions and module state live for the whole run: move them out of the collector's

@@ -1,0 +1,105 @@
+"""Remote repositories: a real local S3-compatible server (moto's server mode) and an HTTP model file."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import threading
+import time
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pytest
+from moto.server import ThreadedMotoServer
+
+from edgeinfer.errors import ModelLoadError
+from edgeinfer.repository.remote import fetch_url
+from tests.support import ServerProcess, free_port, infer_body, matmul_model, request
+
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+ONE_ROW = infer_body({"X": np.ones((1, 16), np.float32)})
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    for key, value in AWS_ENV.items():
+        monkeypatch.setenv(key, value)
+    endpoint = f"http://127.0.0.1:{port}"
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket="models")
+    yield endpoint, client
+    server.stop()
+
+
+def test_an_s3_repository_is_served_and_polled(s3, tmp_path: Path):
+    endpoint, client = s3
+    matmul_model(tmp_path / "v1.onnx", seed=1)
+    matmul_model(tmp_path / "v2.onnx", seed=2)
+    client.upload_file(str(tmp_path / "v1.onnx"), "models", "edge/m/1/model.onnx")
+    config = tmp_path / "config.yaml"
+    cache = tmp_path / "cache"
+    config.write_text(
+        "model_store_path: s3://models/edge\n"
+        f"repository: {{poll_interval_s: 0.3, cache_dir: {cache}, s3_endpoint_url: '{endpoint}'}}\n"
+    )
+    server = ServerProcess(["--config", str(config)], env=AWS_ENV).start(tmp_path / "log")
+    try:
+        reply = request(server.port, "POST", "/v2/models/m/infer", ONE_ROW)
+        assert (reply.status, reply.json()["model_version"]) == (200, "1")
+        client.upload_file(str(tmp_path / "v2.onnx"), "models", "edge/m/2/model.onnx")
+        deadline = time.monotonic() + 15
+        version = "1"
+        while version != "2" and time.monotonic() < deadline:
+            version = request(server.port, "POST", "/v2/models/m/infer", ONE_ROW).json()["model_version"]
+        assert version == "2", "the new version uploaded was picked up by polling"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def file_server(tmp_path: Path):
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_a_model_file_from_an_http_url_with_sha256(file_server, tmp_path: Path):
+    root, base = file_server
+    matmul_model(root / "m.onnx")
+    digest = hashlib.sha256((root / "m.onnx").read_bytes()).hexdigest()
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"models:\n  web: {{model_path: '{base}/m.onnx', sha256: {digest}}}\n"
+        f"repository: {{cache_dir: {tmp_path / 'cache'}}}\n"
+    )
+    server = ServerProcess(["--config", str(config)]).start(tmp_path / "log")
+    try:
+        assert request(server.port, "POST", "/v2/models/web/infer", ONE_ROW).status == 200
+    finally:
+        server.stop()
+
+
+def test_a_corrupt_download_never_replaces_a_good_copy(file_server, tmp_path: Path):
+    root, base = file_server
+    matmul_model(root / "m.onnx")
+    digest = hashlib.sha256((root / "m.onnx").read_bytes()).hexdigest()
+    cache = tmp_path / "cache"
+    good = fetch_url(f"{base}/m.onnx", digest, cache)
+    original = good.read_bytes()
+    (root / "m.onnx").write_bytes(original[:100])  # the server now has a truncated file
+    with pytest.raises(ModelLoadError, match="not the configured"):
+        fetch_url(f"{base}/m.onnx", "0" * 64, cache)
+    assert good.read_bytes() == original
+    assert not list(cache.glob("*.partial"))
+    assert fetch_url(f"{base}/m.onnx", digest, cache) == good, "a matching cached copy is reused"
