@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import ServerProcess, infer_body, matmul_model, request
+from tests.support import ServerProcess, infer_body, matmul_model, request, slow_model
 
 
 @pytest.fixture
@@ -159,3 +160,71 @@ def test_replacing_a_version_under_traffic_fails_no_request(repo_server):
     assert np.allclose(outputs[0], old[0])
     assert np.allclose(outputs[-1], new[0])
     assert all(np.allclose(out, old[0]) or np.allclose(out, new[0]) for out in outputs)
+
+
+def test_upgrade_and_rollback_under_traffic_name_the_serving_version(repo_server):
+    server, repo = repo_server
+    staged = repo.parent / "staged"
+    matmul_model(staged / "2" / "model.onnx", seed=22)
+    reference = {
+        "1": expected(repo / "beta" / "1" / "model.onnx"),
+        "2": expected(staged / "2" / "model.onnx"),
+    }
+    seen: list[tuple[int, str, np.ndarray]] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.is_set():
+            status, body = infer(server.port, "beta")
+            output = np.array(body["outputs"][0]["data"], np.float32) if status == 200 else None
+            seen.append((status, body.get("model_version", ""), output))
+
+    threads = [threading.Thread(target=traffic) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.2)
+        shutil.move(staged / "2", repo / "beta" / "2")  # upgrade: version 2 appears (latest: 1)
+        assert request(server.port, "POST", "/v2/repository/models/beta/load").status == 200
+        time.sleep(0.3)
+        shutil.rmtree(repo / "beta" / "2")  # roll back: version 2 goes away, version 1 serves again
+        assert request(server.port, "POST", "/v2/repository/models/beta/load").status == 200
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert len(seen) > 200, "hundreds of requests during the swaps"
+    assert {status for status, _, _ in seen} == {200}, "no request failed"
+    versions = [version for _, version, _ in seen]
+    assert versions[0] == "1"
+    assert "2" in versions
+    assert versions[-1] == "1"
+    for _, version, output in seen:
+        np.testing.assert_allclose(output, reference[version][0], rtol=1e-6)
+
+
+def test_unloading_answers_what_is_queued_first(tmp_path: Path):
+    repo = tmp_path / "repo"
+    slow_model(repo / "slow" / "1" / "model.onnx")
+    (repo / "slow" / "config.yaml").write_text(
+        "max_batch_size: 0\nbackend_config: {intra_op_num_threads: 1}\n"
+    )
+    server = ServerProcess(["--model-repository", str(repo)]).start(tmp_path / "log")
+    body = infer_body({"X": np.full((3, 256), 0.01, np.float32)})  # ~100 ms each
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            queued = [
+                pool.submit(request, server.port, "POST", "/v2/models/slow/infer", body) for _ in range(4)
+            ]
+            time.sleep(0.05)
+            unloaded = request(server.port, "POST", "/v2/repository/models/slow/unload")
+            statuses = [future.result().status for future in queued]
+        assert unloaded.status == 200
+        assert statuses == [200] * 4, "requests queued before the unload were answered"
+        after = request(server.port, "POST", "/v2/models/slow/infer", body)
+        assert after.status == 503
+        index = request(server.port, "POST", "/v2/repository/index").json()
+        assert index == [{"name": "slow", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}]
+    finally:
+        server.stop()

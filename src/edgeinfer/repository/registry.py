@@ -83,6 +83,7 @@ class Registry:
         self._failures: dict[tuple[str, str], str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._deferred: dict[str, list[ModelSource]] = {}  # on_demand models never loaded yet
+        self._loading: set[tuple[str, str]] = set()  # versions being loaded by a reload, for the index
         self.last_used: dict[str, float] = {}
 
     def defer(self, sources: Iterable[ModelSource]) -> None:
@@ -137,7 +138,12 @@ class Registry:
         changes for the versions already serving.
         """
         async with self._lock(name):
-            loaded, failures = await _load_all(sources)
+            loading = {(source.name, source.version) for source in sources}
+            self._loading |= loading
+            try:
+                loaded, failures = await _load_all(sources)
+            finally:
+                self._loading -= loading
             if failures:
                 for model in loaded:
                     model.backend.close()
@@ -267,6 +273,12 @@ class Registry:
             for source in sources
         ]
         known = {(entry.name, entry.version) for entry in entries}
+        entries += [
+            IndexEntry(name, version, ModelState.LOADING, "")
+            for name, version in self._loading
+            if (name, version) not in known
+        ]
+        known |= self._loading
         entries += [
             IndexEntry(name, version, ModelState.UNAVAILABLE, reason)
             for (name, version), reason in self._failures.items()
