@@ -43,9 +43,6 @@ def setup_logging(level: str, fmt: str = "auto") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # uvicorn's own loggers carry handlers of their own when it configures logging; we pass log_config=None
-    for name in ("uvicorn", "uvicorn.error"):
-        logging.getLogger(name).setLevel(max(logging.getLevelName(level), logging.WARNING))
 
 
 class AccessLog:
