@@ -82,7 +82,9 @@ class ModelConfig(_Frozen):
 
     model_path: str | None = None
     sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$", description="checks an http(s) model_path")
-    backend: Literal["onnxruntime"] = "onnxruntime"
+    backend: Literal["onnxruntime", "python"] = "onnxruntime"
+    model_class: str | None = Field(None, description="python backend: 'package.module:ClassName'")
+    parameters: dict[str, Any] = Field(default_factory=dict, description="python backend: constructor kwargs")
     version: str | None = None
     backend_config: OnnxRuntimeConfig = OnnxRuntimeConfig()
     version_policy: VersionPolicy = VersionPolicy()
@@ -298,6 +300,11 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
 def _resolve_paths(config: Config, base_dir: Path, source: str) -> Config:
     models = {}
     for name, model in config.models.items():
+        if model.backend == "python":
+            if not model.model_class:
+                raise ConfigError(f"{source}: models.{name}.model_class: required for backend: python")
+            models[name] = model
+            continue
         if model.model_path is None:
             raise ConfigError(f"{source}: models.{name}.model_path: required key is missing")
         if model.model_path.startswith(("http://", "https://")):

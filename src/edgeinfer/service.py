@@ -268,6 +268,7 @@ class InferenceService:
             priority=parse_priority(request.parameters, entry.config.default_priority_level),
             timeout_s=_earliest(parse_timeout_s(request.parameters), deadline_s),
             trace=trace,
+            parameters=request.parameters,
         )
         return PendingInference(name, entry.version, request, outputs, checked.rows, entry.batcher.metrics)
 

@@ -44,7 +44,7 @@ class Backend(Protocol):
         ...
 
 
-_BACKEND_MODULES = {"onnxruntime": "edgeinfer.backends.onnxruntime"}
+_BACKEND_MODULES = {"onnxruntime": "edgeinfer.backends.onnxruntime", "python": "edgeinfer.backends.python"}
 
 
 def load_backend(path: str, config: ModelConfig) -> Backend:

@@ -16,9 +16,11 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 
+from edgeinfer.backends.python import Request
 from edgeinfer.batching.policy import BatchPolicy, Pending, next_batch, next_deadline, split_expired
 from edgeinfer.batching.stats import BatchTimes, ModelStatistics
 from edgeinfer.errors import EdgeInferError, InferenceFailed, ModelNotReady, RequestTimeout, ServerBusy
@@ -26,6 +28,8 @@ from edgeinfer.metrics import ModelMetrics
 
 Tensors = dict[str, np.ndarray]
 RunBatch = Callable[[Tensors, Sequence[str] | None], Tensors]
+# The per-request path (Python models): one call with every request, one result or error per request.
+RunRequests = Callable[[list[Any]], Any]
 
 
 @dataclass(slots=True)
@@ -43,6 +47,7 @@ class _Job:
     output_names: frozenset[str] | None
     future: asyncio.Future[Tensors]
     trace: RequestTrace | None
+    parameters: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +90,15 @@ class Batcher:
         limits: QueueLimits,
         executor: Executor,
         metrics: ModelMetrics | None = None,
+        run_requests: RunRequests | None = None,
+        async_requests: bool = False,
     ) -> None:
+        """``run_requests`` (Python models) replaces concatenation: it gets a list of
+        ``backends.python.Request`` and returns one output dict or exception per request; with
+        ``async_requests`` it is a coroutine function run on the event loop."""
         self.name = name
+        self._run_requests = run_requests
+        self._async_requests = async_requests
         self.metrics = metrics or ModelMetrics(name, "")
         self.metrics.queue_length = lambda: len(self._pending)
         self.metrics.inflight = lambda: self._outstanding
@@ -132,6 +144,7 @@ class Batcher:
         priority: int = 1,
         timeout_s: float | None = None,
         trace: RequestTrace | None = None,
+        parameters: dict[str, Any] | None = None,
     ) -> asyncio.Future[Tensors]:
         """Queue one request; the future resolves to its outputs or raises the batch's error.
 
@@ -157,7 +170,7 @@ class Batcher:
             priority=priority,
             deadline=deadline,
             sequence=next(self._sequence),
-            payload=_Job(inputs, output_names, future, trace),
+            payload=_Job(inputs, output_names, future, trace, parameters),
         )
         self._idle.clear()
         future.add_done_callback(partial(self._on_answered, item))
@@ -270,6 +283,9 @@ class Batcher:
         jobs: list[_Job] = [item.payload for item in batch]  # type: ignore[misc]
         output_names = _union_outputs(jobs)
         times = BatchTimes()
+        if self._run_requests is not None:
+            self._start_requests(jobs, total_rows, times)
+            return
         if self._running == 1 and self._predicted_s(sum(rows)) <= self.limits.inline_max_s:
             try:
                 results: list[Tensors] | None = self._execute(jobs, rows, output_names, times, alone=True)
@@ -281,6 +297,32 @@ class Batcher:
             return
         done = self._loop.run_in_executor(self._executor, self._execute, jobs, rows, output_names, times)
         done.add_done_callback(partial(self._finish, jobs, sum(rows), times))
+
+    def _start_requests(self, jobs: list[_Job], rows: int, times: BatchTimes) -> None:
+        """The per-request path: the model gets the requests themselves, not concatenated arrays."""
+        assert self._loop is not None
+        assert self._run_requests is not None
+        requests = [_python_request(job) for job in jobs]
+        if self._async_requests:
+            done: asyncio.Future[list[Any]] = asyncio.ensure_future(self._timed_async(requests, times))
+        else:
+            done = self._loop.run_in_executor(self._executor, self._timed_sync, requests, times)
+        done.add_done_callback(partial(self._finish, jobs, rows, times))
+
+    def _timed_sync(self, requests: list[Any], times: BatchTimes) -> list[Any]:
+        assert self._run_requests is not None
+        started = time.perf_counter_ns()
+        with self._compute_slots:
+            results: list[Any] = self._run_requests(requests)
+        times.infer_ns = max(1, time.perf_counter_ns() - started)
+        return results
+
+    async def _timed_async(self, requests: list[Any], times: BatchTimes) -> list[Any]:
+        assert self._run_requests is not None
+        started = time.perf_counter_ns()
+        results: list[Any] = await self._run_requests(requests)
+        times.infer_ns = max(1, time.perf_counter_ns() - started)
+        return results
 
     def _predicted_s(self, rows: int) -> float:
         return float("inf") if self._s_per_row is None else self._s_per_row * rows
@@ -370,12 +412,26 @@ class Batcher:
                     job.future.set_exception(error)
             return
         for job, outputs in zip(jobs, results, strict=True):
-            if not job.future.done():
+            if job.future.done():
+                continue
+            if isinstance(outputs, BaseException):  # a per-request error from a Python model
+                job.future.set_exception(
+                    outputs if isinstance(outputs, EdgeInferError) else _wrap(self.name, outputs)
+                )
+            else:
                 job.future.set_result(outputs)
 
     def _update_idle(self) -> None:
         if not self._pending and self._running == 0:
             self._idle.set()
+
+
+def _wrap(name: str, error: BaseException) -> InferenceFailed:
+    return InferenceFailed(f"model {name} failed: {type(error).__name__}: {error}")
+
+
+def _python_request(job: _Job) -> Request:
+    return Request(job.inputs, dict(job.parameters or {}))
 
 
 def _deadline(now: float, *timeouts_s: float | None) -> float | None:

@@ -6,6 +6,7 @@ registry wires to a batcher on the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeinfer.backends import Backend, load_backend
+from edgeinfer.backends import python as python_backend
 from edgeinfer.batching.policy import BatchPolicy
 from edgeinfer.config import WarmupConfig
 from edgeinfer.errors import InvalidInput, ModelLoadError
@@ -42,9 +44,13 @@ class LoadedModel:
 def load_model(source: ModelSource) -> LoadedModel:
     started = time.perf_counter()
     path = source.path
-    if is_remote(path):
+    if path and is_remote(path):
         path = str(fetch_url(path, source.config.sha256, Path(source.cache_dir or ".")))
-    backend = load_backend(path, source.config)
+    backend: Backend = (
+        python_backend.from_instance(source.instance)
+        if source.instance is not None
+        else load_backend(path, source.config)
+    )
     loaded_at = time.perf_counter()
     try:
         policy = batch_policy(source, backend)
@@ -141,9 +147,19 @@ def warmup(backend: Backend, policy: BatchPolicy, config: WarmupConfig | None = 
 
 def _run(backend: Backend, inputs: dict[str, np.ndarray], where: str) -> None:
     try:
-        backend.infer(inputs, None)
+        if isinstance(backend, python_backend.PythonBackend) and backend.per_request:
+            requests = [python_backend.Request(inputs)]
+            if backend.is_async:  # a loop of its own: warmup runs in a loader thread
+                results = asyncio.run(backend.infer_requests_async(requests))
+            else:
+                results = backend.infer_requests(requests)
+            if isinstance(results[0], BaseException):
+                raise results[0]
+        else:
+            backend.infer(inputs, None)
     except Exception as exc:
-        raise ModelLoadError(f"warmup failed {where}: {exc}".replace("failed :", "failed:")) from None
+        message = f"warmup failed {where}: {type(exc).__name__}: {exc}".replace("failed :", "failed:")
+        raise ModelLoadError(message) from None
 
 
 def _warmup_shape(

@@ -6,11 +6,13 @@ import asyncio
 import enum
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from edgeinfer.backends import Backend
+from edgeinfer.backends.python import PythonBackend
 from edgeinfer.batching.batcher import Batcher, QueueLimits
 from edgeinfer.batching.policy import BatchPolicy
 from edgeinfer.config import ModelConfig
@@ -206,19 +208,23 @@ class Registry:
             max_concurrent_batches=config.max_concurrent_batches,
             prefetch_batches=config.prefetch_batches,
             queue_timeout_s=config.queue_timeout_millis / 1000 if config.queue_timeout_millis else None,
-            inline_max_s=config.inline_max_us / 1e6,
+            # Python code may block: it never runs on the event loop
+            inline_max_s=config.inline_max_us / 1e6 if config.backend == "onnxruntime" else 0.0,
         )
         executor = ThreadPoolExecutor(
             max_workers=limits.max_concurrent_batches + limits.prefetch_batches,
             thread_name_prefix=f"edgeinfer-{source.name}-{source.version}",
         )
+        backend = loaded.backend
         batcher = Batcher(
             name=f"{source.name!r} version {source.version}",
-            run=loaded.backend.infer,
+            run=backend.infer,
             policy=loaded.policy,
             limits=limits,
             executor=executor,
             metrics=metrics,
+            run_requests=_per_request_runner(backend),
+            async_requests=getattr(backend, "is_async", False),
         )
         return ModelVersion(
             name=source.name,
@@ -229,7 +235,7 @@ class Registry:
             batcher=batcher,
             policy=loaded.policy,
             executor=executor,
-            file_bytes=os.path.getsize(loaded.local_path),
+            file_bytes=os.path.getsize(loaded.local_path) if loaded.local_path else 0,
         )
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
@@ -295,6 +301,13 @@ class Registry:
             if entry.state is ModelState.READY
         ]
         await asyncio.gather(*(self._retire(entry, "server stopped") for entry in entries))
+
+
+def _per_request_runner(backend: Backend) -> Callable[[list[Any]], Any] | None:
+    """Python models that implement ``predict`` take the batcher's per-request path."""
+    if not isinstance(backend, PythonBackend) or not backend.per_request:
+        return None
+    return backend.infer_requests_async if backend.is_async else backend.infer_requests
 
 
 async def _load_all(sources: list[ModelSource]) -> tuple[list[LoadedModel], dict[tuple[str, str], str]]:

@@ -31,6 +31,7 @@ class ModelSource:
     path: str  # a local file, or an http(s) URL fetched into cache_dir when loaded
     config: ModelConfig
     cache_dir: str = ""
+    instance: Any = None  # a Python model object given to Server.register, served as it is
 
 
 def discover(config: Config) -> list[ModelSource]:
@@ -39,9 +40,9 @@ def discover(config: Config) -> list[ModelSource]:
     if config.model_store_path is not None:
         sources.extend(scan_repository(Path(config.model_store_path)))
     for name, model in config.models.items():
-        assert model.model_path is not None  # load_config resolved and checked it
         cache = str(config.repository.cache_path)
-        sources.append(ModelSource(name, model.version or DEFAULT_VERSION, model.model_path, model, cache))
+        path = model.model_path or ""  # python models have none
+        sources.append(ModelSource(name, model.version or DEFAULT_VERSION, path, model, cache))
     seen: dict[tuple[str, str], str] = {}
     for source in sources:
         key = (source.name, source.version)
@@ -112,8 +113,7 @@ def discover_model(config: Config, name: str, override: dict[str, Any] | None = 
         raise ConfigError("a load request may override batching and backend keys, not model_path or version")
     entry = config.models.get(name)
     if entry is not None:
-        path = entry.model_path
-        assert path is not None  # load_config resolved and checked it
+        path = entry.model_path or ""
         if override:
             merged = {**entry.model_dump(exclude_unset=True), **override}
             entry = parse(ModelConfig, merged, f"load override for {name!r}")

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgeinfer.config import Config
+from edgeinfer.backends.python import Model
+from edgeinfer.config import Config, ModelConfig, ServerConfig, parse
 from edgeinfer.errors import ConfigError
 from edgeinfer.logs import AccessLog
 from edgeinfer.metrics import Metrics
@@ -38,7 +39,8 @@ log = logging.getLogger(__name__)
 
 
 class Server:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config | None = None) -> None:
+        config = config or Config()
         self._mirror: S3Mirror | None = None
         store = config.model_store_path
         if store is not None and is_remote(store):
@@ -59,6 +61,17 @@ class Server:
         self._grpc: GrpcServer | None = None
         self._poller: RepositoryPoller | None = None
         self._http_socket: socket.socket | None = None
+
+    def register(self, model: Model, name: str, version: str = "1", **settings: Any) -> None:
+        """Serve a Python model object; ``settings`` are per-model config keys (``max_batch_size``,
+        ``max_batch_time``, ``max_queue_size``, ...). Call before ``start``/``run``."""
+        if self._http is not None:
+            raise ConfigError("register models before the server starts")
+        model_class = f"{type(model).__module__}:{type(model).__qualname__}"
+        config = parse(
+            ModelConfig, {"backend": "python", "model_class": model_class, **settings}, f"{name!r}"
+        )
+        self._sources.append(ModelSource(name, version, "", config, instance=model))
 
     def _discover(self, name: str, override: dict[str, Any] | None) -> list[ModelSource]:
         """The versions of one model now (for load requests), refreshing a remote mirror first."""
@@ -162,8 +175,13 @@ class Server:
         log.info("shutting down")
         await self.stop()
 
-    def run(self) -> None:
-        """Blocking: serve on uvloop until a signal arrives."""
+    def run(self, **server_settings: Any) -> None:
+        """Blocking: serve on uvloop until SIGINT or SIGTERM. ``server_settings`` override ``server:``
+        keys, e.g. ``run(http_port=8080, grpc_port=None)``."""
+        if server_settings:
+            merged = {**self.config.server.model_dump(), **server_settings}
+            server = parse(ServerConfig, merged, "Server.run")
+            self.config = self.config.model_copy(update={"server": server})
         run_with_uvloop(self.serve())
 
 

@@ -1,0 +1,63 @@
+"""Python models used by the tests (imported by the server through model_class)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+
+import edgeinfer
+
+
+class Doubler(edgeinfer.Model):
+    """Doubles x; records every batch it saw. A request with parameter fail=true gets its own error;
+    x containing 13 raises (fails the batch)."""
+
+    inputs = [edgeinfer.TensorSpec("x", "FP32", (-1, 4))]
+    outputs = [edgeinfer.TensorSpec("y", "FP32", (-1, 4))]
+    batches: list[int] = []
+    lock = threading.Lock()
+
+    def load(self) -> None:
+        self.factor = float(self.parameters.get("factor", 2.0))
+
+    def predict(self, requests):
+        with self.lock:
+            Doubler.batches.append(len(requests))
+        if any((request.inputs["x"] == 13).any() for request in requests):
+            raise ValueError("thirteen is unlucky")
+        responses = []
+        for request in requests:
+            if request.parameters.get("fail"):
+                responses.append(edgeinfer.ModelError("this request asked to fail"))
+            else:
+                responses.append({"y": request.inputs["x"] * self.factor})
+        return responses
+
+
+class AsyncUpper(edgeinfer.Model):
+    inputs = [edgeinfer.TensorSpec("text", "BYTES", (-1,))]
+    outputs = [edgeinfer.TensorSpec("upper", "BYTES", (-1,))]
+
+    async def predict(self, requests):
+        await asyncio.sleep(0.001)
+        return [{"upper": np.array([t.upper() for t in r.inputs["text"]], dtype=object)} for r in requests]
+
+
+class WrongCount(edgeinfer.Model):
+    inputs = [edgeinfer.TensorSpec("x", "FP32", (-1, 4))]
+    outputs = [edgeinfer.TensorSpec("y", "FP32", (-1, 4))]
+
+    def predict(self, requests):
+        return []
+
+
+class BatchSum(edgeinfer.Model):
+    """Uses predict_batch: gets one concatenated batch."""
+
+    inputs = [edgeinfer.TensorSpec("x", "FP32", (-1, 4))]
+    outputs = [edgeinfer.TensorSpec("total", "FP32", (-1, 1))]
+
+    def predict_batch(self, inputs):
+        return {"total": inputs["x"].sum(axis=1, keepdims=True)}
