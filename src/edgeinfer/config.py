@@ -77,12 +77,37 @@ class WarmupConfig(_Frozen):
     samples: tuple[str, ...] = Field((), description="V2 JSON request bodies to run, relative to the model")
 
 
+class TensorConfig(_Frozen):
+    """A declared tensor: a pipeline's inputs and outputs."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    source: str | None = Field(None, alias="from", description="outputs: the 'step.output' it comes from")
+
+
+class PipelineStep(_Frozen):
+    """One step: a model, and where each of its inputs comes from (a pipeline input or 'step.output')."""
+
+    name: str
+    model: str
+    version: str | None = None
+    inputs: dict[str, str]
+
+
+class PipelineConfig(_Frozen):
+    inputs: tuple[TensorConfig, ...]
+    outputs: tuple[TensorConfig, ...]
+    steps: tuple[PipelineStep, ...]
+
+
 class ModelConfig(_Frozen):
     """One model: where it is, how it runs, and how its requests are batched and queued."""
 
     model_path: str | None = None
     sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$", description="checks an http(s) model_path")
-    backend: Literal["onnxruntime", "python"] = "onnxruntime"
+    backend: Literal["onnxruntime", "python", "pipeline"] = "onnxruntime"
+    pipeline: PipelineConfig | None = None
     model_class: str | None = Field(None, description="python backend: 'package.module:ClassName'")
     parameters: dict[str, Any] = Field(default_factory=dict, description="python backend: constructor kwargs")
     version: str | None = None
@@ -303,6 +328,11 @@ def _resolve_paths(config: Config, base_dir: Path, source: str) -> Config:
         if model.backend == "python":
             if not model.model_class:
                 raise ConfigError(f"{source}: models.{name}.model_class: required for backend: python")
+            models[name] = model
+            continue
+        if model.backend == "pipeline":
+            if model.pipeline is None:
+                raise ConfigError(f"{source}: models.{name}.pipeline: required for backend: pipeline")
             models[name] = model
             continue
         if model.model_path is None:

@@ -95,6 +95,7 @@ class InferenceService:
         residency: ResidencyConfig | None = None,
     ) -> None:
         self.registry = registry
+        self.registry.step_runner = self._run_step
         self.residency = Residency(registry, residency or ResidencyConfig(), self.load_model)
         self._discover = discover
         self.metrics = metrics
@@ -303,6 +304,12 @@ class InferenceService:
             left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - started))
             request.parameters.pop("timeout", None)  # what is left of it is in ``left``
             return self.submit(name, version, request, left, trace)
+
+    async def _run_step(self, name: str, version: str | None, request: InferRequest) -> dict[str, np.ndarray]:
+        """A pipeline step: an ordinary request to the step's model, through its queue and batcher."""
+        pending = await self.submit_loading(name, version, request)
+        await pending.outputs
+        return pending.response().outputs
 
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
         pending = await self.submit_loading(name, version, request)

@@ -44,7 +44,11 @@ class Backend(Protocol):
         ...
 
 
-_BACKEND_MODULES = {"onnxruntime": "edgeinfer.backends.onnxruntime", "python": "edgeinfer.backends.python"}
+_BACKEND_MODULES = {
+    "onnxruntime": "edgeinfer.backends.onnxruntime",
+    "python": "edgeinfer.backends.python",
+    "pipeline": "edgeinfer.backends.pipeline",
+}
 
 
 def load_backend(path: str, config: ModelConfig) -> Backend:

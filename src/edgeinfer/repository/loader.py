@@ -16,6 +16,7 @@ import numpy as np
 
 from edgeinfer.backends import Backend, load_backend
 from edgeinfer.backends import python as python_backend
+from edgeinfer.backends.pipeline import PipelineBackend
 from edgeinfer.batching.policy import BatchPolicy
 from edgeinfer.config import WarmupConfig
 from edgeinfer.errors import InvalidInput, ModelLoadError
@@ -46,15 +47,19 @@ def load_model(source: ModelSource) -> LoadedModel:
     path = source.path
     if path and is_remote(path):
         path = str(fetch_url(path, source.config.sha256, Path(source.cache_dir or ".")))
-    backend: Backend = (
-        python_backend.from_instance(source.instance)
-        if source.instance is not None
-        else load_backend(path, source.config)
-    )
+    if source.instance is not None:
+        backend: Backend = python_backend.from_instance(source.instance)
+    elif source.config.backend == "pipeline":
+        assert source.config.pipeline is not None
+        backend = PipelineBackend(source.name, source.config.pipeline)
+    else:
+        backend = load_backend(path, source.config)
     loaded_at = time.perf_counter()
     try:
         policy = batch_policy(source, backend)
-        synthetic, samples = warmup(backend, policy, source.config.warmup)
+        # a pipeline's steps are warmed up as the models they are
+        warm = not isinstance(backend, PipelineBackend)
+        synthetic, samples = warmup(backend, policy, source.config.warmup) if warm else (0, 0)
     except ModelLoadError:
         backend.close()
         raise

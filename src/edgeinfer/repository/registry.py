@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgeinfer.backends import Backend
+from edgeinfer.backends.pipeline import PipelineBackend, StepRunner
 from edgeinfer.backends.python import PythonBackend
 from edgeinfer.batching.batcher import Batcher, QueueLimits
 from edgeinfer.batching.policy import BatchPolicy
@@ -87,6 +88,7 @@ class Registry:
         self._deferred: dict[str, list[ModelSource]] = {}  # on_demand models never loaded yet
         self._loading: set[tuple[str, str]] = set()  # versions being loaded by a reload, for the index
         self.last_used: dict[str, float] = {}
+        self.step_runner: StepRunner | None = None  # set by the service: how pipeline steps reach models
 
     def defer(self, sources: Iterable[ModelSource]) -> None:
         """List models that load on their first request (residency: on_demand) without loading them."""
@@ -212,10 +214,19 @@ class Registry:
             inline_max_s=config.inline_max_us / 1e6 if config.backend == "onnxruntime" else 0.0,
         )
         executor = ThreadPoolExecutor(
-            max_workers=limits.max_concurrent_batches + limits.prefetch_batches,
+            max_workers=min(64, limits.max_concurrent_batches + limits.prefetch_batches),
             thread_name_prefix=f"edgeinfer-{source.name}-{source.version}",
         )
         backend = loaded.backend
+        if isinstance(backend, PipelineBackend):
+            # a pipeline request mostly waits for its steps: many run at once, on the event loop
+            limits = QueueLimits(
+                max_queue_size=config.max_queue_size,
+                max_concurrent_batches=max(config.max_concurrent_batches, 1024),
+                queue_timeout_s=limits.queue_timeout_s,
+            )
+            if self.step_runner is not None:
+                backend.bind(self.step_runner)
         batcher = Batcher(
             name=f"{source.name!r} version {source.version}",
             run=backend.infer,
@@ -304,7 +315,9 @@ class Registry:
 
 
 def _per_request_runner(backend: Backend) -> Callable[[list[Any]], Any] | None:
-    """Python models that implement ``predict`` take the batcher's per-request path."""
+    """Python models that implement ``predict``, and pipelines, take the batcher's per-request path."""
+    if isinstance(backend, PipelineBackend):
+        return backend.infer_requests_async
     if not isinstance(backend, PythonBackend) or not backend.per_request:
         return None
     return backend.infer_requests_async if backend.is_async else backend.infer_requests

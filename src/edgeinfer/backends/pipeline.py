@@ -1,0 +1,168 @@
+"""Pipelines (ensembles): a model made of other models, wired as a DAG in the config.
+
+    models:
+      digits_pipeline:
+        backend: pipeline
+        pipeline:
+          inputs:  [{name: IMAGE, datatype: BYTES, shape: [-1]}]
+          outputs: [{name: LABELS, datatype: BYTES, shape: [-1, 3], from: post.LABELS}]
+          steps:
+            - {name: pre,      model: preprocess, inputs: {IMAGE: IMAGE}}
+            - {name: classify, model: digits,     inputs: {input: pre.PIXELS}}
+            - {name: post,     model: topk,       inputs: {LOGITS: classify.logits}}
+
+Each step is an ordinary inference request to its model, through that model's own queue and batcher,
+so pipeline traffic and direct traffic to a step model batch together. A step starts as soon as the
+tensors it needs exist, so independent steps run concurrently. An error names the step and its model
+and keeps its kind (a bad input stays a 400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.config import ModelConfig, PipelineConfig
+from edgeinfer.errors import EdgeInferError, InferenceFailed, ModelLoadError
+from edgeinfer.protocol.types import InferRequest, TensorSpec
+
+Tensors = dict[str, np.ndarray]
+# runs one request on a model: (model, version, request) -> outputs
+StepRunner = Callable[[str, str | None, InferRequest], Awaitable[Tensors]]
+
+
+class PipelineBackend:
+    """A Backend whose batches run the DAG for every request concurrently (on the event loop)."""
+
+    platform = "ensemble"
+    execution_provider = "pipeline"
+    per_request = True
+    is_async = True
+
+    def __init__(self, name: str, config: PipelineConfig) -> None:
+        self.name = name
+        self.config = config
+        self.inputs = tuple(TensorSpec(t.name, t.datatype, t.shape) for t in config.inputs)
+        self.outputs = tuple(TensorSpec(t.name, t.datatype, t.shape) for t in config.outputs)
+        self._runner: StepRunner | None = None
+        _check_wiring(name, config)
+
+    def bind(self, runner: StepRunner) -> None:
+        """Given by the service: how a step sends a request to its model."""
+        self._runner = runner
+
+    def infer(self, inputs: Tensors, output_names: Sequence[str] | None) -> Tensors:
+        raise InferenceFailed(f"pipeline {self.name!r} runs on the event loop, not in a worker thread")
+
+    async def infer_requests_async(self, requests: list[Any]) -> list[Tensors | BaseException]:
+        runs = (self._run(request.inputs, request.parameters) for request in requests)
+        results = await asyncio.gather(*runs, return_exceptions=True)
+        return list(results)
+
+    async def _run(self, inputs: Tensors, parameters: dict[str, Any]) -> Tensors:
+        if self._runner is None:
+            raise InferenceFailed(f"pipeline {self.name!r} is not connected to its models")
+        values: dict[str, np.ndarray] = dict(inputs)
+        done: dict[str, asyncio.Future[None]] = {}
+
+        async def run_step(step: Any) -> None:
+            needed = {source.split(".", 1)[0] for source in step.inputs.values() if "." in source}
+            await asyncio.gather(*(done[other] for other in needed))
+            request = InferRequest(
+                inputs={name: values[source] for name, source in step.inputs.items()},
+                parameters={
+                    key: value for key, value in parameters.items() if key in ("timeout", "priority")
+                },
+            )
+            assert self._runner is not None
+            try:
+                outputs = await self._runner(step.model, step.version, request)
+            except EdgeInferError as error:
+                raise type(error)(
+                    f"pipeline {self.name!r} step {step.name!r} (model {step.model!r}): {error}"
+                ) from None
+            for output_name, array in outputs.items():
+                values[f"{step.name}.{output_name}"] = array
+
+        loop = asyncio.get_running_loop()
+        for step in self.config.steps:
+            done[step.name] = loop.create_future()
+        tasks = []
+        for step in self.config.steps:
+            task = asyncio.ensure_future(run_step(step))
+            task.add_done_callback(functools.partial(_settle, done[step.name]))
+            tasks.append(task)
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+        return {output.name: values[output.source] for output in self.config.outputs if output.source}
+
+    def close(self) -> None:
+        self._runner = None
+
+
+def _settle(future: asyncio.Future[None], task: asyncio.Task[None]) -> None:
+    if future.done():
+        return
+    if task.cancelled():
+        future.cancel()
+    elif task.exception() is not None:
+        future.set_exception(task.exception())  # type: ignore[arg-type]
+        future.exception()  # the gather in _run reports it; do not warn again here
+    else:
+        future.set_result(None)
+
+
+def _check_wiring(name: str, config: PipelineConfig) -> None:
+    """Every step input and pipeline output names something that exists, and there is no cycle."""
+    steps = {step.name: step for step in config.steps}
+    if len(steps) != len(config.steps):
+        raise ModelLoadError(f"pipeline {name!r}: step names must be unique")
+    pipeline_inputs = {tensor.name for tensor in config.inputs}
+    for step in config.steps:
+        for input_name, source in step.inputs.items():
+            if "." in source:
+                other = source.split(".", 1)[0]
+                if other not in steps:
+                    raise ModelLoadError(
+                        f"pipeline {name!r} step {step.name!r}: input {input_name!r} comes from unknown "
+                        f"step {other!r}"
+                    )
+            elif source not in pipeline_inputs:
+                raise ModelLoadError(
+                    f"pipeline {name!r} step {step.name!r}: input {input_name!r} comes from {source!r}, which "
+                    f"is neither a pipeline input ({', '.join(sorted(pipeline_inputs))}) nor 'step.output'"
+                )
+    for output in config.outputs:
+        if not output.source or output.source.split(".", 1)[0] not in steps:
+            raise ModelLoadError(f"pipeline {name!r}: output {output.name!r} needs from: 'step.output'")
+    visiting: set[str] = set()
+    finished: set[str] = set()
+
+    def visit(step_name: str) -> None:
+        if step_name in finished:
+            return
+        if step_name in visiting:
+            raise ModelLoadError(
+                f"pipeline {name!r}: steps depend on each other in a cycle through {step_name!r}"
+            )
+        visiting.add(step_name)
+        for source in steps[step_name].inputs.values():
+            if "." in source:
+                visit(source.split(".", 1)[0])
+        visiting.discard(step_name)
+        finished.add(step_name)
+
+    for step_name in steps:
+        visit(step_name)
+
+
+def load(path: str, config: ModelConfig) -> PipelineBackend:
+    assert config.pipeline is not None
+    return PipelineBackend(path or "pipeline", config.pipeline)
