@@ -136,8 +136,9 @@ def _check_wiring(name: str, config: PipelineConfig) -> None:
                     )
             elif source not in pipeline_inputs:
                 raise ModelLoadError(
-                    f"pipeline {name!r} step {step.name!r}: input {input_name!r} comes from {source!r}, which "
-                    f"is neither a pipeline input ({', '.join(sorted(pipeline_inputs))}) nor 'step.output'"
+                    f"pipeline {name!r} step {step.name!r}: input {input_name!r} comes from {source!r}, "
+                    f"which is neither a pipeline input ({', '.join(sorted(pipeline_inputs))}) "
+                    "nor 'step.output'"
                 )
     for output in config.outputs:
         if not output.source or output.source.split(".", 1)[0] not in steps:
