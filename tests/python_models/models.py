@@ -61,3 +61,33 @@ class BatchSum(edgeinfer.Model):
 
     def predict_batch(self, inputs):
         return {"total": inputs["x"].sum(axis=1, keepdims=True)}
+
+
+class Scale(edgeinfer.Model):
+    """y = 2x on [-1, 16]: a pre-processing step."""
+
+    inputs = [edgeinfer.TensorSpec("x", "FP32", (-1, 16))]
+    outputs = [edgeinfer.TensorSpec("y", "FP32", (-1, 16))]
+
+    def predict(self, requests):
+        if any((request.inputs["x"] == 13).any() for request in requests):
+            raise ValueError("thirteen is unlucky")
+        return [{"y": request.inputs["x"] * 2} for request in requests]
+
+
+class Negate(edgeinfer.Model):
+    inputs = [edgeinfer.TensorSpec("x", "FP32", (-1, 16))]
+    outputs = [edgeinfer.TensorSpec("neg", "FP32", (-1, 16))]
+
+    def predict_batch(self, inputs):
+        return {"neg": -inputs["x"]}
+
+
+class TopK(edgeinfer.Model):
+    """Indices of the 3 largest values per row: a post-processing step."""
+
+    inputs = [edgeinfer.TensorSpec("scores", "FP32", (-1, 16))]
+    outputs = [edgeinfer.TensorSpec("top", "INT64", (-1, 3))]
+
+    def predict_batch(self, inputs):
+        return {"top": np.argsort(-inputs["scores"], axis=1)[:, :3].astype(np.int64)}

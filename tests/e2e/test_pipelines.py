@@ -1,0 +1,139 @@
+"""Pipelines: results equal running the steps by hand, errors name the step, shared batching."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from tests.support import ROOT, ServerProcess, free_port, infer_body, matmul_model, request
+
+PIPELINE = """
+models:
+  scale: {backend: python, model_class: "tests.python_models.models:Scale", max_batch_size: 16}
+  negate: {backend: python, model_class: "tests.python_models.models:Negate", max_batch_size: 16}
+  topk: {backend: python, model_class: "tests.python_models.models:TopK", max_batch_size: 16}
+  mm: {model_path: mm.onnx, max_batch_size: 32, batch_timeout_millis: 80}
+  pipe:
+    backend: pipeline
+    pipeline:
+      inputs: [{name: INPUT, datatype: FP32, shape: [-1, 16]}]
+      outputs:
+        - {name: TOP, datatype: INT64, shape: [-1, 3], from: post.top}
+        - {name: SCORES, datatype: FP32, shape: [-1, 16], from: model.Y}
+        - {name: NEGATED, datatype: FP32, shape: [-1, 16], from: side.neg}
+      steps:
+        - {name: pre, model: scale, inputs: {x: INPUT}}
+        - {name: side, model: negate, inputs: {x: INPUT}}
+        - {name: model, model: mm, inputs: {X: pre.y}}
+        - {name: post, model: topk, inputs: {scores: model.Y}}
+"""
+
+
+@pytest.fixture(scope="module")
+def pipeline_server(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("pipeline")
+    matmul_model(root / "mm.onnx", seed=4)
+    (root / "config.yaml").write_text(PIPELINE)
+    server = ServerProcess(["--config", str(root / "config.yaml")], env={"PYTHONPATH": str(ROOT)})
+    server.start(root / "log")
+    yield server, root
+    server.stop()
+
+
+def test_results_equal_running_the_steps_by_hand(pipeline_server):
+    server, root = pipeline_server
+    x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+    reply = request(server.port, "POST", "/v2/models/pipe/infer", infer_body({"INPUT": x}))
+    assert reply.status == 200, reply.body
+    outputs = {output["name"]: output for output in reply.json()["outputs"]}
+    scores = ort.InferenceSession(str(root / "mm.onnx")).run(None, {"X": x * 2})[0]
+    np.testing.assert_allclose(
+        np.array(outputs["SCORES"]["data"], np.float32).reshape(3, 16), scores, rtol=1e-5
+    )
+    assert (
+        np.array(outputs["TOP"]["data"]).reshape(3, 3).tolist() == np.argsort(-scores, axis=1)[:, :3].tolist()
+    )
+    np.testing.assert_array_equal(np.array(outputs["NEGATED"]["data"], np.float32).reshape(3, 16), -x)
+
+
+def test_pipeline_metadata_and_validation(pipeline_server):
+    server, _ = pipeline_server
+    metadata = request(server.port, "GET", "/v2/models/pipe").json()
+    assert metadata["platform"] == "ensemble"
+    assert [tensor["name"] for tensor in metadata["outputs"]] == ["TOP", "SCORES", "NEGATED"]
+    bad = request(
+        server.port, "POST", "/v2/models/pipe/infer", infer_body({"INPUT": np.ones((1, 8), np.float32)})
+    )
+    assert bad.status == 400
+    assert "expects [-1, 16]" in bad.error
+
+
+def test_a_failing_step_is_named(pipeline_server):
+    server, _ = pipeline_server
+    reply = request(
+        server.port, "POST", "/v2/models/pipe/infer", infer_body({"INPUT": np.full((1, 16), 13, np.float32)})
+    )
+    assert reply.status == 500
+    assert "pipeline 'pipe' step 'pre' (model 'scale')" in reply.error
+    assert "thirteen is unlucky" in reply.error
+    ok = request(
+        server.port, "POST", "/v2/models/pipe/infer", infer_body({"INPUT": np.ones((1, 16), np.float32)})
+    )
+    assert ok.status == 200
+
+
+def test_pipeline_and_direct_traffic_batch_together(pipeline_server):
+    server, _ = pipeline_server
+
+    def sizes() -> dict[int, int]:
+        [entry] = request(server.port, "GET", "/v2/models/mm/stats").json()["model_stats"]
+        return {b["batch_size"]: b["compute_infer"]["count"] for b in entry["batch_stats"]}
+
+    before = sizes()
+    x = infer_body({"X": np.ones((1, 16), np.float32)})
+    through_pipeline = infer_body({"INPUT": np.ones((1, 16), np.float32)})
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        calls = [pool.submit(request, server.port, "POST", "/v2/models/mm/infer", x) for _ in range(4)]
+        calls += [
+            pool.submit(request, server.port, "POST", "/v2/models/pipe/infer", through_pipeline)
+            for _ in range(4)
+        ]
+        assert all(call.result().status == 200 for call in calls)
+    grown = {size for size, count in sizes().items() if count > before.get(size, 0)}
+    assert max(grown) > 4, f"a batch of mm held direct and pipeline requests together: {grown}"
+    stats = request(server.port, "GET", "/v2/models/pipe/stats").json()["model_stats"][0]
+    assert stats["inference_stats"]["success"]["count"] >= 4
+
+
+def test_a_pipeline_wired_to_nothing_is_refused_at_load(tmp_path: Path):
+    (tmp_path / "config.yaml").write_text(
+        """
+models:
+  pipe:
+    backend: pipeline
+    pipeline:
+      inputs: [{name: INPUT, datatype: FP32, shape: [-1, 16]}]
+      outputs: [{name: OUT, datatype: FP32, shape: [-1, 16], from: a.y}]
+      steps:
+        - {name: a, model: scale, inputs: {x: NOT_AN_INPUT}}
+"""
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "edgeinfer",
+        "serve",
+        "--config",
+        str(tmp_path / "config.yaml"),
+        "--no-grpc",
+    ]
+    command += ["--http-port", str(free_port()), "--metrics-port", str(free_port())]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "step 'a': input 'x' comes from 'NOT_AN_INPUT'" in result.stderr
