@@ -21,14 +21,14 @@ serve: $(STAMP)
 	$(BIN)/edgeinfer serve --config examples/config.yaml --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests bench scripts
-	$(BIN)/ruff format --check src tests bench scripts
+	$(BIN)/ruff check src tests bench scripts examples
+	$(BIN)/ruff format --check src tests bench scripts examples
 	$(BIN)/mypy
 	$(BIN)/pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check --fix src tests bench scripts
-	$(BIN)/ruff format src tests bench scripts
+	$(BIN)/ruff check --fix src tests bench scripts examples
+	$(BIN)/ruff format src tests bench scripts examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -7,6 +7,8 @@ Models:
                        (version 2 has other weights and adds a bias)
   all_dtypes/1         one input per V2 numeric datatype, each echoed (Identity) and a few computed
   text_lower/1         TEXT BYTES [-1] -> StringNormalizer(lower) -> LOWER BYTES [-1]
+  color_classifier/1   PIXELS FP32 [-1,3,32,32] in [0,1] -> mean colour -> SCORES FP32 [-1,6] for
+                       red, green, blue, yellow, white, black (the image pipeline example's model)
 """
 
 from __future__ import annotations
@@ -94,11 +96,44 @@ def text_lower_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=OPSET, producer_name="edgeinfer-examples")
 
 
+# Each class is a reference colour; the score is minus the squared distance of the image's mean colour,
+# so the nearest reference wins: -|m|^2 + 2 m.c - |c|^2, a Gemm on the mean colour (|m|^2 is the same
+# for every class and is left out).
+COLORS = np.array(
+    [[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0], [1, 1, 1], [0, 0, 0]], dtype=np.float32
+)
+
+
+def color_classifier_model() -> onnx.ModelProto:
+    weights = (2 * COLORS.T).astype(np.float32)  # [3, 6]
+    bias = -(COLORS**2).sum(axis=1).astype(np.float32)  # [6]
+    scale = np.array(8.0, dtype=np.float32)  # sharper softmax downstream
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["PIXELS"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["mean_rgb"]),
+        helper.make_node("Gemm", ["mean_rgb", "W", "B"], ["raw"]),
+        helper.make_node("Mul", ["raw", "scale"], ["SCORES"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "color_classifier",
+        [helper.make_tensor_value_info("PIXELS", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+        [helper.make_tensor_value_info("SCORES", TensorProto.FLOAT, ["batch", 6])],
+        [
+            numpy_helper.from_array(weights, "W"),
+            numpy_helper.from_array(bias, "B"),
+            numpy_helper.from_array(scale, "scale"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=OPSET, producer_name="edgeinfer-examples")
+
+
 def build(out: Path) -> None:
     _save(simple_model(seed=1, with_bias=False), out / "simple" / "1" / "model.onnx")
     _save(simple_model(seed=2, with_bias=True), out / "simple" / "2" / "model.onnx")
     _save(all_dtypes_model(), out / "all_dtypes" / "1" / "model.onnx")
     _save(text_lower_model(), out / "text_lower" / "1" / "model.onnx")
+    _save(color_classifier_model(), out / "color_classifier" / "1" / "model.onnx")
 
 
 if __name__ == "__main__":

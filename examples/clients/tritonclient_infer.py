@@ -1,7 +1,7 @@
 """Call the example server (`make serve`) with NVIDIA's tritonclient, unchanged from a Triton setup.
 
-    pip install 'tritonclient[http]'
-    python examples/clients/tritonclient_infer.py [localhost:8080]
+pip install 'tritonclient[http]'
+python examples/clients/tritonclient_infer.py [localhost:8080]
 """
 
 import sys
@@ -22,5 +22,7 @@ print("OUTPUT0:", result.as_numpy("OUTPUT0").shape, result.as_numpy("OUTPUT0")[0
 
 text = httpclient.InferInput("TEXT", [2], "BYTES")
 text.set_data_from_numpy(np.array([b"Hello", b"EDGE"], dtype=object), binary_data=False)
-lower = client.infer("text_lower", [text], outputs=[httpclient.InferRequestedOutput("LOWER", binary_data=False)])
+lower = client.infer(
+    "text_lower", [text], outputs=[httpclient.InferRequestedOutput("LOWER", binary_data=False)]
+)
 print("LOWER:", lower.as_numpy("LOWER"))

@@ -227,6 +227,7 @@ class ResidencyConfig(_Frozen):
 
 class Config(_Frozen):
     model_store_path: str | None = None
+    python_path: tuple[str, ...] = Field((), description="directories added to sys.path for Python models")
     repository: RepositoryConfig = RepositoryConfig()
     residency: ResidencyConfig = ResidencyConfig()
     models: dict[str, ModelConfig] = {}
@@ -325,6 +326,9 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
 def _resolve_paths(config: Config, base_dir: Path, source: str) -> Config:
     models = {}
     for name, model in config.models.items():
+        if model.warmup.samples:  # sample request files are relative to the config file too
+            samples = tuple(str((base_dir / sample).resolve()) for sample in model.warmup.samples)
+            model = model.model_copy(update={"warmup": model.warmup.model_copy(update={"samples": samples})})
         if model.backend == "python":
             if not model.model_class:
                 raise ConfigError(f"{source}: models.{name}.model_class: required for backend: python")
@@ -357,4 +361,5 @@ def _resolve_paths(config: Config, base_dir: Path, source: str) -> Config:
         if not resolved.is_dir():
             raise ConfigError(f"{source}: model_store_path: directory {resolved} does not exist")
         store = str(resolved)
-    return config.model_copy(update={"models": models, "model_store_path": store})
+    python_path = tuple(str((base_dir / folder).resolve()) for folder in config.python_path)
+    return config.model_copy(update={"models": models, "model_store_path": store, "python_path": python_path})

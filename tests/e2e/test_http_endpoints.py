@@ -133,7 +133,10 @@ def test_v1_models_lists_every_version_with_state(example_server: ServerProcess)
     models = {
         model["name"]: model for model in request(example_server.port, "GET", "/v1/models").json()["models"]
     }
-    assert set(models) == {"simple", "simple_direct", "all_dtypes", "text_lower"}
+    assert set(models) == {
+        "simple", "simple_direct", "all_dtypes", "text_lower", "color_classifier",
+        "decode_image", "top_labels", "image_pipeline",
+    }  # fmt: skip
     assert models["simple"]["versions"] == [
         {"version": "1", "state": "READY", "reason": ""},
         {"version": "2", "state": "READY", "reason": ""},

@@ -120,7 +120,10 @@ def warmup(backend: Backend, policy: BatchPolicy, config: WarmupConfig | None = 
     synthetic = 0
     batching = policy.max_batch_size > 0
     default_sizes = {1, policy.max_batch_size} if batching else {0}
-    batch_sizes = sorted(config.batch_sizes or default_sizes) if batching else [0]
+    if config.batch_sizes is not None:  # [] means: no synthetic runs, only the samples
+        batch_sizes = sorted(config.batch_sizes) if batching else ([0] if config.batch_sizes else [])
+    else:
+        batch_sizes = sorted(default_sizes) if batching else [0]
     for batch_size in batch_sizes:
         inputs: dict[str, np.ndarray] = {}
         for spec in backend.inputs:

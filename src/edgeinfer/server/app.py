@@ -15,6 +15,7 @@ import gc
 import logging
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,9 @@ class Server:
             self._mirror.sync()
             config = config.model_copy(update={"model_store_path": str(self._mirror.local)})
         self.config = config
+        for folder in config.python_path:  # where the config's Python models live
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
         self._sources = discover(config)
         self.metrics = Metrics()
         self.registry = Registry(self.metrics)
