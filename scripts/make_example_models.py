@@ -99,9 +99,7 @@ def text_lower_model() -> onnx.ModelProto:
 # Each class is a reference colour; the score is minus the squared distance of the image's mean colour,
 # so the nearest reference wins: -|m|^2 + 2 m.c - |c|^2, a Gemm on the mean colour (|m|^2 is the same
 # for every class and is left out).
-COLORS = np.array(
-    [[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0], [1, 1, 1], [0, 0, 0]], dtype=np.float32
-)
+COLORS = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0], [1, 1, 1], [0, 0, 0]], dtype=np.float32)
 
 
 def color_classifier_model() -> onnx.ModelProto:
