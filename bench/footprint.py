@@ -4,7 +4,8 @@
 
 * ready: from starting the process to the first 200 from /v2/health/ready (models loaded and warmed up);
 * idle RSS: the server's VmRSS once ready, against a bare Python process that only imports ONNX Runtime
-  and creates a session for each of the same model files (the floor any Python server pays);
+  and creates a session for each of the example repository's model files (the floor any Python server
+  pays); measured for the repository alone (with and without gRPC) and for `make serve`'s whole config;
 * installed size: a fresh virtual environment with only numpy and onnxruntime (and what they pull in),
   then `pip install .`: the growth is edgeinfer's own cost.
 """
@@ -52,12 +53,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def serve_once(grpc: bool) -> tuple[float, float]:
+def serve_once(grpc: bool, source: list[str]) -> tuple[float, float]:
     port = free_port()
     started = time.perf_counter()
     grpc_flags = ["--grpc-port", str(free_port())] if grpc else ["--no-grpc"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "edgeinfer", "serve", "--config", str(CONFIG), "--http-port", str(port),
+        [sys.executable, "-m", "edgeinfer", "serve", *source, "--http-port", str(port),
          *grpc_flags, "--metrics-port", str(free_port()), "--host", "127.0.0.1", "--log-level", "WARNING"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -102,11 +103,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     model_files = sorted(str(path) for path in REPO.glob("*/*/model.onnx"))
-    model_files.append(str(REPO / "simple" / "1" / "model.onnx"))  # config.yaml also serves simple_direct
     bare = bare_rss_mib(model_files)
     result: dict[str, object] = {"bare_onnxruntime_rss_mib": round(bare, 1)}
-    for label, grpc in (("http_only", False), ("http_and_grpc", True)):
-        runs = [serve_once(grpc) for _ in range(args.runs)]
+    cases = {
+        # the ONNX example models alone: what a bare Python process with the same sessions is compared to
+        "onnx_examples_http_only": (["--model-repository", str(REPO)], False),
+        "onnx_examples_http_and_grpc": (["--model-repository", str(REPO)], True),
+        # `make serve`'s whole config, with the Python image pipeline (Pillow and all)
+        "make_serve_config": (["--config", str(CONFIG)], True),
+    }
+    for label, (source, grpc) in cases.items():
+        runs = [serve_once(grpc, source) for _ in range(args.runs)]
         rss = min(rss for _, rss in runs)
         result[label] = {
             "ready_s": [round(ready, 3) for ready, _ in runs],

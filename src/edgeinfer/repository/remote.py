@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import re
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +120,8 @@ class S3Mirror:
 
 def fetch_url(url: str, sha256: str | None, cache_dir: Path) -> Path:
     """A local copy of a model file at an http(s) URL; with ``sha256`` a matching cached copy is reused."""
+    import urllib.request  # only servers with URL models pay for urllib's imports (http, email, ssl)
+
     cache_dir.mkdir(parents=True, exist_ok=True)
     target = cache_dir / f"url-{_cache_name(url)}.onnx"
     if sha256 and target.exists() and _sha256(target) == sha256.lower():
