@@ -4,19 +4,12 @@ import numpy as np
 import pytest
 
 from edgeinfer.errors import InvalidInput
-from edgeinfer.protocol.datatypes import ONNX_TO_V2, V2_TO_NUMPY, element_size, numpy_dtype, v2_datatype
+from edgeinfer.protocol.datatypes import ONNX_TO_V2, V2_TO_NUMPY, numpy_dtype, v2_datatype
 
 
 @pytest.mark.parametrize("name", list(V2_TO_NUMPY))
 def test_every_datatype_maps_to_numpy_and_back(name):
     assert v2_datatype(numpy_dtype(name)) == name
-
-
-def test_sizes():
-    assert element_size("FP16") == 2
-    assert element_size("UINT64") == 8
-    assert element_size("BOOL") == 1
-    assert element_size("BYTES") == 0
 
 
 def test_numpy_strings_are_bytes():

@@ -126,10 +126,6 @@ class Batcher:
         return len(self._pending)
 
     @property
-    def running_batches(self) -> int:
-        return self._running
-
-    @property
     def outstanding(self) -> int:
         """Requests submitted and not yet answered (queued or in a running batch)."""
         return self._outstanding

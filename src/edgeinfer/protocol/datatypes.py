@@ -62,10 +62,3 @@ def v2_datatype(dtype: np.dtype) -> str:
     if dtype.kind in ("U", "S"):
         return "BYTES"
     raise TypeError(f"numpy dtype {dtype} has no Open Inference Protocol datatype")
-
-
-def element_size(datatype: str) -> int:
-    """Bytes per element in the raw binary layout; 0 for BYTES (variable length)."""
-    if datatype == "BYTES":
-        return 0
-    return numpy_dtype(datatype).itemsize

@@ -95,13 +95,6 @@ class Registry:
         for source in sources:
             self._deferred.setdefault(source.name, []).append(source)
 
-    def residency(self, name: str) -> str:
-        """The residency of a model (``resident`` for unknown ones)."""
-        for entry in self._models.get(name, {}).values():
-            return entry.config.residency
-        deferred = self._deferred.get(name)
-        return deferred[0].config.residency if deferred else "resident"
-
     def is_evicted(self, name: str) -> bool:
         """No version serves because of residency (evicted, or on demand and never loaded)."""
         versions = self._models.get(name)
