@@ -98,6 +98,21 @@ def _v2(array: np.ndarray) -> str:
     return v2_datatype(array.dtype)
 
 
+def wait_ready(port: int, timeout: float, process: subprocess.Popen[bytes] | None = None) -> bool:
+    """Poll /v2/health/ready until it answers 200 (True), the process exits or time runs out (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            return False
+        try:
+            if request(port, "GET", "/v2/health/ready", timeout=1).status == 200:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
 class ServerProcess:
     """``edgeinfer serve`` in a subprocess on a free port; ready means /v2/health/ready answered 200."""
 
@@ -119,16 +134,10 @@ class ServerProcess:
             self.process = subprocess.Popen(
                 command, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                if request(self.port, "GET", "/v2/health/ready", timeout=1).status == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.05)
+        if wait_ready(self.port, timeout, self.process):
+            return self
+        if self.process.poll() is not None:
+            raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
         self.stop()
         raise RuntimeError(f"server not ready in {timeout}s:\n{self.log()}")
 

@@ -7,12 +7,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, ServerProcess, free_port, matmul_model, request
+from tests.support import ROOT, ServerProcess, free_port, matmul_model, request, wait_ready
 
 
 def edgeinfer(*args: str, cwd: Path = ROOT, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -154,14 +153,7 @@ def test_make_serve_answers_ready(tmp_path):
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if request(port, "GET", "/v2/health/ready", timeout=1).status == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
-        else:
+        if not wait_ready(port, 60):
             pytest.fail("make serve did not become ready:\n" + (tmp_path / "make.log").read_text())
         assert request(port, "GET", "/v2/models/simple/ready").json()["ready"] is True
     finally:

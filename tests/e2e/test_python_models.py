@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 import edgeinfer
 from edgeinfer.config import Config
 from tests.python_models.models import Doubler
-from tests.support import ROOT, ServerProcess, free_port, infer_body, request
+from tests.support import ROOT, ServerProcess, free_port, infer_body, request, wait_ready
 
 CONFIG = """
 models:
@@ -137,13 +136,7 @@ def test_the_readme_example_runs_as_written(tmp_path: Path):
     script.write_text(code.replace("http_port=8080", f"http_port={port}, grpc_port=None, metrics_port=None"))
     process = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if request(port, "GET", "/v2/health/ready", timeout=1).status == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
+        assert wait_ready(port, 30), "the README example did not start"
         reply = request(port, "POST", "/v2/models/doubler/infer", x_rows(1.0))
         assert reply.status == 200
         assert reply.json()["outputs"][0]["data"] == [2.0] * 4

@@ -8,8 +8,8 @@ model uses it, so a server without ONNX models never pays for importing ONNX Run
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -49,6 +49,22 @@ _BACKEND_MODULES = {
     "python": "edgeinfer.backends.python",
     "pipeline": "edgeinfer.backends.pipeline",
 }
+
+
+RunRequests = Callable[[list[Any]], Any]
+
+
+def request_runner(backend: Backend) -> tuple[RunRequests, bool] | None:
+    """The per-request path of a backend that has one, and whether it is a coroutine function.
+
+    Python models that implement ``predict`` and pipelines take whole requests (``infer_requests`` /
+    ``infer_requests_async``) instead of concatenated arrays; every other backend returns None here.
+    """
+    if not getattr(backend, "per_request", False):
+        return None
+    if getattr(backend, "is_async", False):
+        return backend.infer_requests_async, True  # type: ignore[attr-defined]
+    return backend.infer_requests, False  # type: ignore[attr-defined]
 
 
 def load_backend(path: str, config: ModelConfig) -> Backend:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.backends import RunRequests
 from edgeinfer.backends.python import Request
 from edgeinfer.batching.policy import BatchPolicy, Pending, next_batch, next_deadline, split_expired
 from edgeinfer.batching.stats import BatchTimes, ModelStatistics
@@ -28,8 +29,6 @@ from edgeinfer.metrics import ModelMetrics
 
 Tensors = dict[str, np.ndarray]
 RunBatch = Callable[[Tensors, Sequence[str] | None], Tensors]
-# The per-request path (Python models): one call with every request, one result or error per request.
-RunRequests = Callable[[list[Any]], Any]
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeinfer.backends import Backend, load_backend
+from edgeinfer.backends import Backend, load_backend, request_runner
 from edgeinfer.backends import python as python_backend
 from edgeinfer.backends.pipeline import PipelineBackend
 from edgeinfer.batching.policy import BatchPolicy
@@ -154,17 +154,17 @@ def warmup(backend: Backend, policy: BatchPolicy, config: WarmupConfig | None = 
 
 
 def _run(backend: Backend, inputs: dict[str, np.ndarray], where: str) -> None:
+    runner = request_runner(backend)
     try:
-        if isinstance(backend, python_backend.PythonBackend) and backend.per_request:
+        if runner is None:
+            backend.infer(inputs, None)
+        else:
+            run, is_async = runner
             requests = [python_backend.Request(inputs)]
-            if backend.is_async:  # a loop of its own: warmup runs in a loader thread
-                results = asyncio.run(backend.infer_requests_async(requests))
-            else:
-                results = backend.infer_requests(requests)
+            # an async model gets a loop of its own: warmup runs in a loader thread
+            results = asyncio.run(run(requests)) if is_async else run(requests)
             if isinstance(results[0], BaseException):
                 raise results[0]
-        else:
-            backend.infer(inputs, None)
     except Exception as exc:
         message = f"warmup failed {where}: {type(exc).__name__}: {exc}".replace("failed :", "failed:")
         raise ModelLoadError(message) from None

@@ -6,14 +6,12 @@ import asyncio
 import enum
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
-from edgeinfer.backends import Backend
+from edgeinfer.backends import Backend, request_runner
 from edgeinfer.backends.pipeline import PipelineBackend, StepRunner
-from edgeinfer.backends.python import PythonBackend
 from edgeinfer.batching.batcher import Batcher, QueueLimits
 from edgeinfer.batching.policy import BatchPolicy
 from edgeinfer.config import ModelConfig
@@ -220,6 +218,7 @@ class Registry:
             )
             if self.step_runner is not None:
                 backend.bind(self.step_runner)
+        runner = request_runner(backend)
         batcher = Batcher(
             name=f"{source.name!r} version {source.version}",
             run=backend.infer,
@@ -227,8 +226,8 @@ class Registry:
             limits=limits,
             executor=executor,
             metrics=metrics,
-            run_requests=_per_request_runner(backend),
-            async_requests=getattr(backend, "is_async", False),
+            run_requests=runner[0] if runner else None,
+            async_requests=runner is not None and runner[1],
         )
         return ModelVersion(
             name=source.name,
@@ -305,15 +304,6 @@ class Registry:
             if entry.state is ModelState.READY
         ]
         await asyncio.gather(*(self._retire(entry, "server stopped") for entry in entries))
-
-
-def _per_request_runner(backend: Backend) -> Callable[[list[Any]], Any] | None:
-    """Python models that implement ``predict``, and pipelines, take the batcher's per-request path."""
-    if isinstance(backend, PipelineBackend):
-        return backend.infer_requests_async
-    if not isinstance(backend, PythonBackend) or not backend.per_request:
-        return None
-    return backend.infer_requests_async if backend.is_async else backend.infer_requests
 
 
 async def _load_all(sources: list[ModelSource]) -> tuple[list[LoadedModel], dict[tuple[str, str], str]]:

@@ -90,25 +90,16 @@ class S3Mirror:
         self._manifest_path.write_text(json.dumps(manifest))
 
     def _download(self, key: str, target: Path, size: int, etag: str) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + ".partial")
         digest = hashlib.md5(usedforsecurity=False)
-        try:
-            with self.fs.open(key, "rb") as source, partial.open("wb") as out:
-                while chunk := source.read(_CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-        except OSError as exc:
-            partial.unlink(missing_ok=True)
-            raise ModelLoadError(f"downloading s3://{key} failed: {exc}") from None
-        got = partial.stat().st_size
-        plain_md5 = etag.strip('"')
-        if got != size or (re.fullmatch(r"[0-9a-f]{32}", plain_md5) and plain_md5 != digest.hexdigest()):
-            partial.unlink(missing_ok=True)
-            raise ModelLoadError(
-                f"s3://{key} arrived corrupt or partial ({got} of {size} bytes, or checksum)"
-            )
-        os.replace(partial, target)
+        with _Download(target, f"s3://{key}") as download:
+            with self.fs.open(key, "rb") as source:
+                download.copy(source, digest)
+            got = download.size()
+            plain_md5 = etag.strip('"')
+            if got != size or (re.fullmatch(r"[0-9a-f]{32}", plain_md5) and plain_md5 != digest.hexdigest()):
+                raise ModelLoadError(
+                    f"s3://{key} arrived corrupt or partial ({got} of {size} bytes, or checksum)"
+                )
 
     def _read_manifest(self) -> dict[str, str]:
         try:
@@ -126,25 +117,51 @@ def fetch_url(url: str, sha256: str | None, cache_dir: Path) -> Path:
     target = cache_dir / f"url-{_cache_name(url)}.onnx"
     if sha256 and target.exists() and _sha256(target) == sha256.lower():
         return target
-    partial = target.with_name(target.name + ".partial")
     digest = hashlib.sha256()
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, partial.open("wb") as out:
+    with _Download(target, url) as download:
+        with urllib.request.urlopen(url, timeout=60) as response:
             expected = response.headers.get("Content-Length")
-            while chunk := response.read(_CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
-    except OSError as exc:
-        partial.unlink(missing_ok=True)
-        raise ModelLoadError(f"downloading {url} failed: {exc}") from None
-    if expected is not None and partial.stat().st_size != int(expected):
-        partial.unlink(missing_ok=True)
-        raise ModelLoadError(f"downloading {url} stopped after {partial.stat().st_size} of {expected} bytes")
-    if sha256 and digest.hexdigest() != sha256.lower():
-        partial.unlink(missing_ok=True)
-        raise ModelLoadError(f"{url} has sha256 {digest.hexdigest()}, not the configured {sha256}")
-    os.replace(partial, target)
+            download.copy(response, digest)
+        if expected is not None and download.size() != int(expected):
+            raise ModelLoadError(f"downloading {url} stopped after {download.size()} of {expected} bytes")
+        if sha256 and digest.hexdigest() != sha256.lower():
+            raise ModelLoadError(f"{url} has sha256 {digest.hexdigest()}, not the configured {sha256}")
     return target
+
+
+class _Download:
+    """Writes to ``<target>.partial``; on a clean exit renames it over ``target``, on any error deletes it.
+
+    So a corrupt or partial download never replaces the file that is there.
+    """
+
+    def __init__(self, target: Path, what: str) -> None:
+        self.target = target
+        self.what = what
+        self.partial = target.with_name(target.name + ".partial")
+
+    def __enter__(self) -> _Download:
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self._out = self.partial.open("wb")
+        return self
+
+    def copy(self, source: Any, digest: Any) -> None:
+        while chunk := source.read(_CHUNK):
+            digest.update(chunk)
+            self._out.write(chunk)
+        self._out.flush()
+
+    def size(self) -> int:
+        return self.partial.stat().st_size
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: Any) -> None:
+        self._out.close()
+        if error is None:
+            os.replace(self.partial, self.target)
+            return
+        self.partial.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise ModelLoadError(f"downloading {self.what} failed: {error}") from None
 
 
 def _sha256(path: Path) -> str:
