@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.support import ServerProcess, infer_body, matmul_model, request
+from tests.support import ROOT, ServerProcess, infer_body, matmul_model, request
 
 ONE_ROW = infer_body({"X": np.ones((1, 16), np.float32)})
 
@@ -88,5 +88,27 @@ def test_a_memory_budget_counts_model_files(tmp_path: Path):
         x = infer_body({"X": np.ones((1, 256), np.float32)})
         assert request(server.port, "POST", f"/v2/models/{other}/infer", x).status == 200
         assert states(server.port)[loaded[0]] == ("UNAVAILABLE", "evicted")
+    finally:
+        server.stop()
+
+
+def test_a_request_waiting_for_an_on_demand_load_is_bounded_by_its_timeout(tmp_path: Path):
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "models:\n  slow: {backend: python, model_class: 'tests.python_models.models:SlowToLoad',"
+        " residency: on_demand, warmup: {enabled: false}}\n"
+    )
+    server = ServerProcess(["--config", str(config)], env={"PYTHONPATH": str(ROOT)}).start(tmp_path / "log")
+    body = infer_body({"x": np.ones((1, 4), np.float32)})
+    try:
+        reply = request(
+            server.port, "POST", "/v2/models/slow/infer", {**body, "parameters": {"timeout": 100_000}}
+        )
+        assert reply.status == 504
+        assert "model 'slow' is still loading after 0.100 s" in reply.error
+        deadline = time.monotonic() + 10
+        while states(server.port)["slow"][0] != "READY" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert request(server.port, "POST", "/v2/models/slow/infer", body).status == 200, "the load went on"
     finally:
         server.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 
@@ -91,3 +92,16 @@ class TopK(edgeinfer.Model):
 
     def predict_batch(self, inputs):
         return {"top": np.argsort(-inputs["scores"], axis=1)[:, :3].astype(np.int64)}
+
+
+class SlowToLoad(edgeinfer.Model):
+    """Takes a second to load: for on-demand loading that outlasts a request's timeout."""
+
+    inputs = [edgeinfer.TensorSpec("x", "FP32", (-1, 4))]
+    outputs = [edgeinfer.TensorSpec("y", "FP32", (-1, 4))]
+
+    def load(self) -> None:
+        time.sleep(1.0)
+
+    def predict_batch(self, inputs):
+        return {"y": inputs["x"]}
