@@ -39,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port", type=int, metavar="PORT", help="Prometheus metrics port (default 8082)"
     )
     serve.add_argument(
+        "--workers",
+        metavar="N",
+        help="serving processes sharing the ports (default 1; 0 or auto: one per CPU)",
+    )
+    serve.add_argument(
         "--log-level",
         type=str.upper,
         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
@@ -56,6 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return serve(args)
 
 
+def _workers(value: str | None) -> int | str | None:
+    """``--workers``: a number, or ``auto`` (validated with the config, so errors read the same)."""
+    return int(value) if value is not None and value.lstrip("-").isdigit() else value
+
+
 def serve(args: argparse.Namespace) -> int:
     # Imported here so that `edgeinfer --version` and `--help` answer without loading the server.
     from edgeinfer.config import load_config
@@ -69,6 +79,7 @@ def serve(args: argparse.Namespace) -> int:
         "server.http_port": args.http_port,
         "server.grpc_port": args.grpc_port,
         "server.metrics_port": args.metrics_port,
+        "server.workers": _workers(args.workers),
         "logging.level": args.log_level,
     }
     overrides = {key: value for key, value in overrides.items() if value is not None}

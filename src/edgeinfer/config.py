@@ -9,6 +9,8 @@ moved together with its models and used from anywhere.
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -132,6 +134,10 @@ class ModelConfig(_Frozen):
     inline_max_us: float = Field(
         100.0, ge=0, description="batches predicted faster than this run on the event loop; 0: never"
     )
+    kind: Literal["thread", "process"] = Field(
+        "thread", description="python backend: predict in worker threads or in child processes"
+    )
+    instances: int = Field(1, ge=1, description="kind: process: child processes, each with its own model")
 
     @model_validator(mode="before")
     @classmethod
@@ -151,6 +157,17 @@ class ModelConfig(_Frozen):
         if "max_queue_delay_ms" in data:
             data["batch_timeout_millis"] = data.pop("max_queue_delay_ms")
         return data
+
+    @model_validator(mode="after")
+    def _instances_need_processes(self) -> ModelConfig:
+        if self.kind == "process" and self.backend != "python":
+            raise ValueError("kind: process is for backend: python (ONNX Runtime already runs off the GIL)")
+        if self.instances > 1 and self.kind != "process":
+            raise ValueError(
+                "instances > 1 needs kind: process; in threads, max_concurrent_batches sets how many "
+                "batches run at once"
+            )
+        return self
 
     @field_validator("preferred_batch_sizes")
     @classmethod
@@ -172,16 +189,26 @@ class ServerConfig(_Frozen):
     http_port: int = Field(8080, ge=0, le=65535)
     grpc_port: int | None = Field(8081, ge=0, le=65535)
     metrics_port: int | None = Field(8082, ge=0, le=65535)
-    workers: int = Field(1, ge=1)
+    workers: int | Literal["auto"] = Field(
+        1, description="serving processes on the same ports; 0 or auto: one per available CPU"
+    )
     max_request_size_mb: float = Field(64.0, gt=0)
     compress_min_bytes: int = Field(1024, ge=0, description="compress responses at least this large")
 
     @field_validator("workers")
     @classmethod
-    def _one_worker(cls, workers: int) -> int:
-        if workers != 1:
-            raise ValueError("only workers: 1 is supported so far")
+    def _workers(cls, workers: int | str) -> int | str:
+        if isinstance(workers, int) and workers < 0:
+            raise ValueError("workers must be 0 or auto (one per CPU) or a positive number")
         return workers
+
+    @property
+    def worker_count(self) -> int:
+        """``workers`` resolved: ``0``/``auto`` become the CPUs this process may use."""
+        if self.workers == "auto" or self.workers == 0:
+            return available_cpus()
+        assert isinstance(self.workers, int)
+        return self.workers
 
     @property
     def max_request_bytes(self) -> int:
@@ -241,6 +268,21 @@ class Config(_Frozen):
             if not name or "/" in name:
                 raise ValueError(f"model name {name!r} must be non-empty and contain no '/'")
         return models
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on: its affinity mask, capped by a cgroup v2 CPU quota (containers)."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        count = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        return count
+    if quota == "max":
+        return count
+    return max(1, min(count, math.ceil(int(quota) / int(period))))
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Config:

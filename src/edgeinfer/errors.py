@@ -12,6 +12,7 @@
     ├── RequestTimeout (TimeoutError)    the deadline passed before the request ran
     ├── RequestCancelled                 the client went away before the request ran
     └── InferenceFailed (RuntimeError)   the model raised while running a batch
+        └── RowsMismatch                 its outputs have other row counts than its inputs
 
 The core never mentions HTTP or gRPC. Each transport keeps one table from these classes to its own
 status codes and looks a raised error up along its MRO, so a new subclass inherits a sensible code.
@@ -75,3 +76,35 @@ class RequestCancelled(EdgeInferError):
 
 class InferenceFailed(EdgeInferError, RuntimeError):
     """The model raised, or produced outputs that cannot be split back into requests."""
+
+
+class RowsMismatch(InferenceFailed):
+    """With batching on, an output's first dimension differs from the batch's rows: it cannot be split."""
+
+
+def describe(error: BaseException) -> str:
+    """The message a client gets for ``error``: ours as written, anything else as an internal error."""
+    if isinstance(error, EdgeInferError):
+        return error.message
+    return f"internal server error: {type(error).__name__}: {error}"
+
+
+# The errors that may cross from one worker process to another (by class name).
+BY_NAME: dict[str, type[EdgeInferError]] = {
+    cls.__name__: cls
+    for cls in (
+        EdgeInferError,
+        ConfigError,
+        ModelLoadError,
+        InvalidInput,
+        PayloadTooLarge,
+        ModelNotFound,
+        ModelNotReady,
+        ModelEvicted,
+        ServerBusy,
+        RequestTimeout,
+        RequestCancelled,
+        InferenceFailed,
+        RowsMismatch,
+    )
+}

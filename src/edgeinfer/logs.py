@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 
+from edgeinfer.outcome import Outcome
+
 _STANDARD_ATTRIBUTES = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
 
@@ -57,7 +59,7 @@ class AccessLog:
         self.enabled = enabled
         self.sample_rate = sample_rate
 
-    def write(self, outcome: Any, model: str, version: str, status: str, total_s: float) -> None:
+    def write(self, outcome: Outcome, model: str, version: str, status: str, total_s: float) -> None:
         if outcome.error is None:
             if not self.enabled or not self._logger.isEnabledFor(logging.INFO):
                 return

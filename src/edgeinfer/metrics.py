@@ -1,9 +1,11 @@
-"""Prometheus metrics: every collector edgeinfer exports is defined here.
+"""Prometheus metrics: every family edgeinfer exports is defined here.
 
 The hot path never touches prometheus-client. Requests and batches are recorded into plain counters
-and fixed-bucket histograms (a bisect and three additions, on the event loop only, so no locks); the
-collector below turns them into metric families when ``/metrics`` is scraped. prometheus-client's
-process collector adds RSS, CPU seconds and open file descriptors.
+and fixed-bucket histograms (a bisect and three additions, on the event loop only, so no locks). At
+scrape time the counters and the live gauges (queue lengths, readiness: the registry's state, passed in)
+become a *snapshot*, a plain JSON-able dict. A snapshot is what travels between worker processes: with
+``workers: N`` the supervisor merges the workers' snapshots exactly (counters and histogram buckets
+summed) and renders the one exposition, so a scrape on any port sees the whole server.
 
 Exported, all prefixed ``edgeinfer_`` with units in the names:
 
@@ -16,17 +18,23 @@ Exported, all prefixed ``edgeinfer_`` with units in the names:
     inference_encode_duration_seconds{model,version,protocol}    tensors to response body
     batch_size{model,version}                                    rows per executed batch (histogram)
     batches_total{model,version}
-    queue_length{model,version}, inflight_requests{model,version}
+    queue_length{model,version}, inflight_requests{model,version}        summed over workers
     model_load_duration_seconds{model,version}, model_warmup_duration_seconds{model,version},
-    model_ready{model,version},
+    model_ready{model,version}                                           1 when every worker serves it
     model_info{model,version,backend,execution_provider}
+    workers, worker_ready{worker}, worker_restarts_total{worker},        with workers: N only
+    worker_resident_memory_bytes{worker}, worker_cpu_seconds_total{worker}
+
+``process_*`` (RSS, CPU seconds, open files) describe the whole server: with workers, the sums over
+the supervisor and every worker.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
@@ -54,6 +62,7 @@ LATENCY_BUCKETS_S = (
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 STATUSES = ("success", "client_error", "rejected", "timeout", "error")
 UNKNOWN_MODEL = "_unknown"  # requests for models that do not exist are counted here, not by name
+Snapshot = dict[str, Any]
 
 
 def status_label(error: BaseException | None) -> str:
@@ -70,7 +79,8 @@ def status_label(error: BaseException | None) -> str:
 
 
 class Histogram:
-    """Cumulative counts in fixed buckets; ``observe`` costs a bisect and three additions."""
+    """Counts in fixed buckets (not cumulative until exported); ``observe`` costs a bisect and three
+    additions."""
 
     __slots__ = ("bounds", "count", "counts", "sum")
 
@@ -85,18 +95,13 @@ class Histogram:
         self.sum += value
         self.count += 1
 
-    def buckets(self) -> list[tuple[str, float]]:
-        total = 0
-        out: list[tuple[str, float]] = []
-        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            total += count
-            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
-        return out
+    def snapshot(self) -> dict[str, Any]:
+        return {"counts": list(self.counts), "sum": self.sum}
 
 
 @dataclass
 class ModelMetrics:
-    """Everything measured about one model version."""
+    """Every counter and histogram of one model version (the live gauges come from the registry)."""
 
     name: str
     version: str
@@ -107,28 +112,32 @@ class ModelMetrics:
     queue: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
     compute: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
     batch_size: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
-    inflight: Callable[[], int] = lambda: 0
-    queue_length: Callable[[], int] = lambda: 0
-    ready: bool = False
-    load_s: float = 0.0
-    warmup_s: float = 0.0
-    backend: str = ""
-    execution_provider: str = ""
 
     def request_done(
         self, protocol: str, status: str, total_s: float, decode_s: float | None, encode_s: float | None
     ) -> None:
         key = (protocol, status)
         self.requests[key] = self.requests.get(key, 0) + 1
-        _histogram(self.duration, protocol).observe(total_s)
+        (self.duration.get(protocol) or _histogram(self.duration, protocol)).observe(total_s)
         if decode_s is not None:
-            _histogram(self.decode, protocol).observe(decode_s)
+            (self.decode.get(protocol) or _histogram(self.decode, protocol)).observe(decode_s)
         if encode_s is not None:
-            _histogram(self.encode, protocol).observe(encode_s)
+            (self.encode.get(protocol) or _histogram(self.encode, protocol)).observe(encode_s)
 
     def batch_done(self, rows: int, compute_s: float) -> None:
         self.batch_size.observe(rows)
         self.compute.observe(compute_s)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "requests": [[protocol, status, count] for (protocol, status), count in self.requests.items()],
+            "duration": {protocol: h.snapshot() for protocol, h in self.duration.items()},
+            "decode": {protocol: h.snapshot() for protocol, h in self.decode.items()},
+            "encode": {protocol: h.snapshot() for protocol, h in self.encode.items()},
+            "queue": self.queue.snapshot(),
+            "compute": self.compute.snapshot(),
+            "batch_size": self.batch_size.snapshot(),
+        }
 
 
 def _histogram(table: dict[str, Histogram], protocol: str) -> Histogram:
@@ -138,14 +147,26 @@ def _histogram(table: dict[str, Histogram], protocol: str) -> Histogram:
     return histogram
 
 
-class Metrics(Collector):
-    """The server's metrics registry; ``exposition()`` is the body of ``GET /metrics``."""
+@dataclass(frozen=True, slots=True)
+class VersionGauges:
+    """The live state of one loaded (or once loaded) model version, read at scrape time."""
+
+    name: str
+    version: str
+    ready: bool
+    queue_length: int = 0
+    inflight: int = 0
+    load_s: float = 0.0
+    warmup_s: float = 0.0
+    backend: str = ""
+    execution_provider: str = ""
+
+
+class Metrics:
+    """The counters of every model version of this process."""
 
     def __init__(self) -> None:
         self.models: dict[tuple[str, str], ModelMetrics] = {}
-        self.registry = CollectorRegistry(auto_describe=False)
-        ProcessCollector(registry=self.registry)
-        self.registry.register(self)
 
     def model(self, name: str, version: str) -> ModelMetrics:
         metrics = self.models.get((name, version))
@@ -153,32 +174,167 @@ class Metrics(Collector):
             metrics = self.models[name, version] = ModelMetrics(name, version)
         return metrics
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def snapshot(self, gauges: Iterable[VersionGauges]) -> Snapshot:
+        """This process's metrics as plain data: counters, histograms and ``gauges``."""
+        models: dict[str, dict[str, Any]] = {}
+        for (name, version), metrics in self.models.items():
+            models[_key(name, version)] = {"name": name, "version": version, **metrics.snapshot()}
+        for gauge in gauges:
+            entry = models.setdefault(
+                _key(gauge.name, gauge.version), {"name": gauge.name, "version": gauge.version}
+            )
+            entry["gauges"] = {
+                "ready": gauge.ready,
+                "queue_length": gauge.queue_length,
+                "inflight": gauge.inflight,
+                "load_s": gauge.load_s,
+                "warmup_s": gauge.warmup_s,
+                "backend": gauge.backend,
+                "execution_provider": gauge.execution_provider,
+            }
+        return {"models": models}
+
+
+def _key(name: str, version: str) -> str:
+    return f"{name}\x00{version}"
+
+
+def process_stats() -> dict[str, float]:
+    """This process's ``process_*`` values, as prometheus-client's process collector reads them."""
+    values: dict[str, float] = {}
+    for family in ProcessCollector(registry=None).collect():
+        for sample in family.samples:
+            values[sample.name] = sample.value
+    return values
+
+
+def merge(snapshots: list[Snapshot]) -> Snapshot:
+    """One snapshot for the whole server: counters and histogram buckets summed; queue and in-flight
+    gauges summed; a version is ready only when every snapshot that has it says so."""
+    models: dict[str, dict[str, Any]] = {}
+    for snapshot in snapshots:
+        for key, entry in snapshot["models"].items():
+            into = models.get(key)
+            if into is None:
+                models[key] = _copy(entry)
+                continue
+            _add_model(into, entry)
+    return {"models": models}
+
+
+def _copy(entry: dict[str, Any]) -> dict[str, Any]:
+    copied = dict(entry.items())
+    for key in ("duration", "decode", "encode"):
+        if key in copied:
+            copied[key] = {protocol: _copy_histogram(h) for protocol, h in copied[key].items()}
+    for key in ("queue", "compute", "batch_size"):
+        if key in copied:
+            copied[key] = _copy_histogram(copied[key])
+    if "requests" in copied:
+        copied["requests"] = [list(row) for row in copied["requests"]]
+    if "gauges" in copied:
+        copied["gauges"] = dict(copied["gauges"])
+    return copied
+
+
+def _copy_histogram(histogram: dict[str, Any]) -> dict[str, Any]:
+    return {"counts": list(histogram["counts"]), "sum": histogram["sum"]}
+
+
+def _add_histogram(into: dict[str, Any], other: dict[str, Any]) -> None:
+    into["counts"] = [a + b for a, b in zip(into["counts"], other["counts"], strict=True)]
+    into["sum"] += other["sum"]
+
+
+def _add_model(into: dict[str, Any], entry: dict[str, Any]) -> None:
+    if "requests" in entry:
+        counts = {(protocol, status): count for protocol, status, count in into.get("requests", [])}
+        for protocol, status, count in entry["requests"]:
+            counts[protocol, status] = counts.get((protocol, status), 0) + count
+        into["requests"] = [[protocol, status, count] for (protocol, status), count in counts.items()]
+    for key in ("duration", "decode", "encode"):
+        for protocol, histogram in entry.get(key, {}).items():
+            table = into.setdefault(key, {})
+            if protocol in table:
+                _add_histogram(table[protocol], histogram)
+            else:
+                table[protocol] = _copy_histogram(histogram)
+    for key in ("queue", "compute", "batch_size"):
+        if key in entry:
+            if key in into:
+                _add_histogram(into[key], entry[key])
+            else:
+                into[key] = _copy_histogram(entry[key])
+    if "gauges" in entry:
+        gauges = entry["gauges"]
+        mine = into.get("gauges")
+        if mine is None:
+            into["gauges"] = dict(gauges)
+        else:
+            mine["ready"] = mine["ready"] and gauges["ready"]
+            mine["queue_length"] += gauges["queue_length"]
+            mine["inflight"] += gauges["inflight"]
+            mine["load_s"] = max(mine["load_s"], gauges["load_s"])
+            mine["warmup_s"] = max(mine["warmup_s"], gauges["warmup_s"])
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerGauges:
+    """One worker process as the supervisor sees it."""
+
+    worker: int
+    ready: bool
+    restarts: int
+    resident_memory_bytes: float = 0.0
+    cpu_seconds: float = 0.0
+
+
+def exposition(
+    snapshot: Snapshot, process: dict[str, float] | None = None, workers: list[WorkerGauges] | None = None
+) -> bytes:
+    """The body of ``GET /metrics``. ``process`` None: this process's own ``process_*`` metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SnapshotCollector(snapshot, process, workers))
+    if process is None:
+        ProcessCollector(registry=registry)
+    return generate_latest(registry)
+
+
+class _SnapshotCollector(Collector):
+    def __init__(
+        self, snapshot: Snapshot, process: dict[str, float] | None, workers: list[WorkerGauges] | None
+    ) -> None:
+        self._models = sorted(
+            snapshot["models"].values(), key=lambda entry: (entry["name"], entry["version"])
+        )
+        self._process = process
+        self._workers = workers
 
     def collect(self) -> Iterator[Metric]:
-        models = list(self.models.values())
+        models = self._models
         requests = CounterMetricFamily(
             PREFIX + "inference_requests", "Inference requests answered, by outcome",
             labels=["model", "version", "protocol", "status"],
         )  # fmt: skip
         for model in models:
-            for (protocol, status), count in sorted(model.requests.items()):
-                requests.add_metric([model.name, model.version, protocol, status], count)
+            for protocol, status, count in sorted(model.get("requests", [])):
+                requests.add_metric([model["name"], model["version"], protocol, status], count)
         yield requests
-        yield from _per_protocol(models, "duration", "inference_request_duration_seconds",
-                                 "Time from parsed request to response, inside the server")  # fmt: skip
-        yield from _per_protocol(models, "decode", "inference_decode_duration_seconds",
-                                 "Time to turn a request body into tensors")  # fmt: skip
-        yield from _per_protocol(models, "encode", "inference_encode_duration_seconds",
-                                 "Time to turn output tensors into a response body")  # fmt: skip
+        yield _per_protocol(models, "duration", "inference_request_duration_seconds",
+                            "Time from parsed request to response, inside the server")  # fmt: skip
+        yield _per_protocol(models, "decode", "inference_decode_duration_seconds",
+                            "Time to turn a request body into tensors")  # fmt: skip
+        yield _per_protocol(models, "encode", "inference_encode_duration_seconds",
+                            "Time to turn output tensors into a response body")  # fmt: skip
         yield _per_model(
-            models, "queue", "inference_queue_duration_seconds", "Time a request waited for its batch"
-        )
+            models, "queue", "inference_queue_duration_seconds", "Time a request waited for its batch",
+            LATENCY_BUCKETS_S,
+        )  # fmt: skip
         yield _per_model(
-            models, "compute", "inference_compute_duration_seconds", "Time one batch spent in the model"
-        )
-        yield _per_model(models, "batch_size", "batch_size", "Rows per executed batch")
+            models, "compute", "inference_compute_duration_seconds", "Time one batch spent in the model",
+            LATENCY_BUCKETS_S,
+        )  # fmt: skip
+        yield _per_model(models, "batch_size", "batch_size", "Rows per executed batch", BATCH_BUCKETS)
         batches = CounterMetricFamily(PREFIX + "batches", "Batches executed", labels=["model", "version"])
         queue_length = GaugeMetricFamily(
             PREFIX + "queue_length", "Requests waiting", labels=["model", "version"]
@@ -202,32 +358,108 @@ class Metrics(Collector):
             labels=["model", "version", "backend", "execution_provider"],
         )  # fmt: skip
         for model in models:
-            labels = [model.name, model.version]
-            batches.add_metric(labels, model.batch_size.count)
-            queue_length.add_metric(labels, model.queue_length())
-            inflight.add_metric(labels, model.inflight())
-            if model.backend:
-                load.add_metric(labels, model.load_s)
-                warmup.add_metric(labels, model.warmup_s)
-                ready.add_metric(labels, 1.0 if model.ready else 0.0)
-                info.add_metric([*labels, model.backend, model.execution_provider], 1.0)
+            labels = [model["name"], model["version"]]
+            batches.add_metric(labels, sum(model["batch_size"]["counts"]) if "batch_size" in model else 0)
+            gauges = model.get("gauges")
+            if gauges is None:
+                continue
+            queue_length.add_metric(labels, gauges["queue_length"])
+            inflight.add_metric(labels, gauges["inflight"])
+            if gauges["backend"]:
+                load.add_metric(labels, gauges["load_s"])
+                warmup.add_metric(labels, gauges["warmup_s"])
+                ready.add_metric(labels, 1.0 if gauges["ready"] else 0.0)
+                info.add_metric([*labels, gauges["backend"], gauges["execution_provider"]], 1.0)
         yield from (batches, queue_length, inflight, load, warmup, ready, info)
+        if self._process is not None:
+            yield from _process_families(self._process)
+        if self._workers is not None:
+            yield from _worker_families(self._workers)
 
 
-def _per_model(models: list[ModelMetrics], attribute: str, name: str, documentation: str) -> Metric:
+def _per_model(
+    models: list[dict[str, Any]], key: str, name: str, documentation: str, bounds: tuple[float, ...]
+) -> Metric:
     family = HistogramMetricFamily(PREFIX + name, documentation, labels=["model", "version"])
     for model in models:
-        histogram: Histogram = getattr(model, attribute)
-        family.add_metric([model.name, model.version], histogram.buckets(), histogram.sum)
+        histogram = model.get(key)
+        if histogram is not None:
+            family.add_metric(
+                [model["name"], model["version"]], _buckets(histogram, bounds), histogram["sum"]
+            )
     return family
 
 
-def _per_protocol(
-    models: list[ModelMetrics], attribute: str, name: str, documentation: str
-) -> Iterator[Metric]:
+def _per_protocol(models: list[dict[str, Any]], key: str, name: str, documentation: str) -> Metric:
     family = HistogramMetricFamily(PREFIX + name, documentation, labels=["model", "version", "protocol"])
     for model in models:
-        table: dict[str, Histogram] = getattr(model, attribute)
-        for protocol, histogram in sorted(table.items()):
-            family.add_metric([model.name, model.version, protocol], histogram.buckets(), histogram.sum)
-    yield family
+        for protocol, histogram in sorted(model.get(key, {}).items()):
+            family.add_metric(
+                [model["name"], model["version"], protocol],
+                _buckets(histogram, LATENCY_BUCKETS_S),
+                histogram["sum"],
+            )
+    return family
+
+
+def _buckets(histogram: dict[str, Any], bounds: tuple[float, ...]) -> list[tuple[str, float]]:
+    total = 0
+    out: list[tuple[str, float]] = []
+    for bound, count in zip((*bounds, float("inf")), histogram["counts"], strict=True):
+        total += count
+        out.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
+    return out
+
+
+_PROCESS_FAMILIES = {
+    # name: (kind, help); summed over the server's processes unless named in _PROCESS_FIRST
+    "process_resident_memory_bytes": ("gauge", "Resident memory size in bytes."),
+    "process_virtual_memory_bytes": ("gauge", "Virtual memory size in bytes."),
+    "process_cpu_seconds_total": ("counter", "Total user and system CPU time spent in seconds."),
+    "process_open_fds": ("gauge", "Number of open file descriptors."),
+    "process_max_fds": ("gauge", "Maximum number of open file descriptors."),
+    "process_start_time_seconds": ("gauge", "Start time of the process since unix epoch in seconds."),
+}
+
+
+def _process_families(values: dict[str, float]) -> Iterator[Metric]:
+    for name, (kind, documentation) in _PROCESS_FAMILIES.items():
+        if name not in values:
+            continue
+        if kind == "counter":
+            yield CounterMetricFamily(name.removesuffix("_total"), documentation, value=values[name])
+        else:
+            yield GaugeMetricFamily(name, documentation, value=values[name])
+
+
+def sum_process_stats(stats: list[dict[str, float]]) -> dict[str, float]:
+    """The server's ``process_*`` values from its processes': sums, except the supervisor's (first) start
+    time and file-descriptor limit."""
+    if not stats:
+        return {}
+    total: dict[str, float] = {}
+    for name in _PROCESS_FAMILIES:
+        present = [values[name] for values in stats if name in values]
+        if present:
+            first_only = name in ("process_start_time_seconds", "process_max_fds")
+            total[name] = present[0] if first_only else sum(present)
+    return total
+
+
+def _worker_families(workers: list[WorkerGauges]) -> Iterator[Metric]:
+    count = GaugeMetricFamily(PREFIX + "workers", "Worker processes configured", value=len(workers))
+    ready = GaugeMetricFamily(PREFIX + "worker_ready", "1 when the worker serves", labels=["worker"])
+    restarts = CounterMetricFamily(
+        PREFIX + "worker_restarts", "Times the worker was restarted after it died", labels=["worker"]
+    )
+    memory = GaugeMetricFamily(
+        PREFIX + "worker_resident_memory_bytes", "Resident memory of the worker", labels=["worker"]
+    )
+    cpu = CounterMetricFamily(PREFIX + "worker_cpu_seconds", "CPU time of the worker", labels=["worker"])
+    for worker in workers:
+        label = [str(worker.worker)]
+        ready.add_metric(label, 1.0 if worker.ready else 0.0)
+        restarts.add_metric(label, worker.restarts)
+        memory.add_metric(label, worker.resident_memory_bytes)
+        cpu.add_metric(label, worker.cpu_seconds)
+    yield from (count, ready, restarts, memory, cpu)

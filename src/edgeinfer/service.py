@@ -1,9 +1,14 @@
-"""The transport-neutral core: live / ready / metadata / infer, and the record of every request.
+"""The transport-neutral core: live / ready / metadata / infer / repository / statistics / metrics.
 
-HTTP and gRPC adapters call these methods with decoded requests and map the errors they raise to
-status codes; nothing in here knows about either transport. Each adapter hands every finished
-inference request to ``record`` (an ``Outcome``), which counts it in the metrics and writes the access
-log line, so both transports are measured the same way.
+HTTP and gRPC adapters (and pipeline steps) call these methods with decoded requests and map the errors
+they raise to status codes; nothing in here knows about either transport. Every inference request is
+an ``InferenceCall``: the transport gives it the decode and encode functions, and the call times them,
+takes the request id, submits through the router to the version's batcher, and records the outcome
+(metrics and access log) exactly once, whatever happened.
+
+With ``workers: N`` the repository API, the index, statistics and metrics are the whole server's: the
+service asks the other workers through ``cluster`` (the supervisor), and the supervisor calls the
+``local_*`` methods of every worker.
 """
 
 from __future__ import annotations
@@ -13,15 +18,11 @@ import itertools
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-import numpy as np
 import yaml
 
 from edgeinfer import __version__
-from edgeinfer.batching.batcher import RequestTrace
-from edgeinfer.config import ResidencyConfig
 from edgeinfer.errors import (
     ConfigError,
     InvalidInput,
@@ -31,32 +32,20 @@ from edgeinfer.errors import (
     RequestTimeout,
 )
 from edgeinfer.logs import AccessLog
-from edgeinfer.metrics import UNKNOWN_MODEL, Metrics, ModelMetrics, status_label
+from edgeinfer.metrics import UNKNOWN_MODEL, Metrics, Snapshot, exposition, status_label
+from edgeinfer.outcome import Outcome
 from edgeinfer.protocol.types import InferRequest, InferResponse, TensorSpec
-from edgeinfer.repository.registry import ModelState, Registry
+from edgeinfer.repository.registry import ModelState, ModelVersion, Registry, Serving
 from edgeinfer.repository.residency import Residency
+from edgeinfer.repository.router import Router
 from edgeinfer.repository.sources import ModelSource
+from edgeinfer.runners import Tensors, Work
 from edgeinfer.validation import check_request, parse_priority, parse_timeout_s
 
 SERVER_NAME = "edgeinfer"
 EXTENSIONS: tuple[str, ...] = ("binary_tensor_data", "statistics", "model_configuration", "model_repository")
-
-
-@dataclass(slots=True)
-class Outcome:
-    """One inference request as a transport saw it, for metrics and the access log."""
-
-    protocol: str
-    model: str
-    version: str | None
-    started: float = field(default_factory=time.perf_counter)
-    request_id: str = ""
-    error: BaseException | None = None
-    decode_s: float | None = None
-    encode_s: float | None = None
-    rows: int = 0
-    trace: RequestTrace = field(default_factory=RequestTrace)
-    metrics: ModelMetrics | None = None  # known once the request reached its model version
+T = TypeVar("T")
+A = TypeVar("A")
 
 
 def parse_override(text: Any) -> dict[str, Any] | None:
@@ -85,21 +74,38 @@ def new_request_id() -> str:
     return f"{_REQUEST_PREFIX}-{next(_request_numbers):x}"
 
 
+class Cluster(Protocol):
+    """The whole server, when this process is one of several workers (see ``server/workers.py``)."""
+
+    async def load(self, name: str, override: dict[str, Any] | None) -> None: ...
+
+    async def unload(self, name: str) -> None: ...
+
+    async def index(self) -> list[dict[str, str]]: ...
+
+    async def statistics(self, name: str | None, version: str | None) -> dict[str, Any]: ...
+
+    async def metrics(self) -> bytes: ...
+
+
 class InferenceService:
     def __init__(
         self,
         registry: Registry,
+        router: Router,
+        residency: Residency,
         metrics: Metrics,
         access_log: AccessLog,
         discover: Callable[[str, dict[str, Any] | None], list[ModelSource]],
-        residency: ResidencyConfig | None = None,
+        cluster: Cluster | None = None,
     ) -> None:
         self.registry = registry
-        self.registry.step_runner = self._run_step
-        self.residency = Residency(registry, residency or ResidencyConfig(), self.load_model)
-        self._discover = discover
+        self.router = router
+        self.residency = residency
         self.metrics = metrics
         self.access_log = access_log
+        self._discover = discover
+        self._cluster = cluster
         self._ready = False
 
     def set_ready(self, ready: bool) -> None:
@@ -121,13 +127,14 @@ class InferenceService:
         return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
 
     def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
-        entry = self.registry.get(name, version)
+        entry = self.router.pick(name, version)
+        backend = self._serving(entry).backend
         return {
             "name": name,
             "versions": [other.version for other in self.registry.versions(name)],
-            "platform": entry.backend.platform,
-            "inputs": [spec.as_metadata() for spec in entry.backend.inputs],
-            "outputs": [spec.as_metadata() for spec in entry.backend.outputs],
+            "platform": backend.platform,
+            "inputs": [spec.as_metadata() for spec in backend.inputs],
+            "outputs": [spec.as_metadata() for spec in backend.outputs],
         }
 
     def model_config(self, name: str, version: str | None) -> dict[str, Any]:
@@ -135,8 +142,10 @@ class InferenceService:
 
         As in Triton, ``dims`` leave out the batch dimension when the model batches.
         """
-        entry = self.registry.get(name, version)
-        batching = entry.policy.max_batch_size > 0
+        entry = self.router.pick(name, version)
+        serving = self._serving(entry)
+        policy, backend = serving.policy, serving.backend
+        batching = policy.max_batch_size > 0
 
         def tensors(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
             return [
@@ -150,128 +159,140 @@ class InferenceService:
 
         config: dict[str, Any] = {
             "name": name,
-            "platform": "onnxruntime_onnx",
-            "backend": entry.config.backend,
-            "max_batch_size": entry.policy.max_batch_size,
-            "input": tensors(entry.backend.inputs),
-            "output": tensors(entry.backend.outputs),
+            "platform": backend.config_platform,
+            "backend": backend.config_backend,
+            "max_batch_size": policy.max_batch_size,
+            "input": tensors(backend.inputs),
+            "output": tensors(backend.outputs),
         }
         if batching:
             config["dynamic_batching"] = {
-                "preferred_batch_size": list(entry.policy.preferred_batch_sizes),
-                "max_queue_delay_microseconds": int(entry.policy.max_queue_delay_s * 1_000_000),
+                "preferred_batch_size": list(policy.preferred_batch_sizes),
+                "max_queue_delay_microseconds": int(policy.max_queue_delay_s * 1_000_000),
                 "default_priority_level": entry.config.default_priority_level,
             }
+        if entry.config.kind == "process":
+            config["instance_group"] = [{"count": entry.config.instances, "kind": "KIND_CPU"}]
         return config
 
     def model_ready(self, name: str, version: str | None) -> bool:
         try:
-            entry = self.registry.get(name, version)
+            entry = self.router.pick(name, version)
         except ModelNotReady:
             return False
         return entry.state is ModelState.READY
 
-    def model_index(self) -> list[dict[str, Any]]:
+    @staticmethod
+    def _serving(entry: ModelVersion) -> Serving:
+        if entry.serving is None:
+            raise ModelNotReady(f"model {entry.name!r} version {entry.version} is {entry.state.wire.lower()}")
+        return entry.serving
+
+    # ---- the repository, statistics and metrics: the whole server's ----
+
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Triton's repository index: one entry per version with its state and reason."""
+        index = await self._cluster.index() if self._cluster is not None else self.local_index()
+        return [entry for entry in index if not ready_only or entry["state"] == "READY"]
+
+    async def model_index(self) -> list[dict[str, Any]]:
         """Every model with each version's state (the ``/v1/models`` listing)."""
         models: dict[str, list[dict[str, str]]] = {}
-        for entry in self.registry.index():
-            models.setdefault(entry.name, []).append(
-                {"version": entry.version, "state": entry.state.value, "reason": entry.reason}
+        for entry in await self.repository_index():
+            models.setdefault(entry["name"], []).append(
+                {"version": entry["version"], "state": entry["state"], "reason": entry["reason"]}
             )
         return [{"name": name, "versions": versions} for name, versions in models.items()]
-
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Triton's repository index: one entry per version with its state and reason."""
-        return [
-            {"name": entry.name, "version": entry.version, "state": entry.state.value, "reason": entry.reason}
-            for entry in self.registry.index()
-            if not ready_only or entry.state is ModelState.READY
-        ]
 
     async def load_model(self, name: str, override: dict[str, Any] | None = None) -> None:
         """Load (or reload) every version of ``name`` from the repository; ``override`` replaces config keys.
 
         The versions serving now keep serving until the new ones are warmed up; if loading fails they
-        keep serving and the index shows why.
+        keep serving and the index shows why. With workers, every worker does so before this returns.
         """
+        if self._cluster is not None:
+            await self._cluster.load(name, override)
+        else:
+            await self.local_load(name, override)
+
+    async def unload_model(self, name: str) -> None:
+        """Stop serving ``name``; what is queued or running for it is answered first."""
+        if self._cluster is not None:
+            await self._cluster.unload(name)
+        else:
+            await self.local_unload(name)
+
+    async def model_statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
+        """Triton's statistics extension: every version of every model, or one model (or version)."""
+        if self._cluster is not None:
+            return await self._cluster.statistics(name, version)
+        return self.local_statistics(name, version)
+
+    async def metrics_exposition(self) -> bytes:
+        """The body of ``GET /metrics``."""
+        if self._cluster is not None:
+            return await self._cluster.metrics()
+        return exposition(self.local_metrics())
+
+    def local_index(self) -> list[dict[str, str]]:
+        return [
+            {
+                "name": entry.name,
+                "version": entry.version,
+                "state": entry.state.wire,
+                "reason": entry.wire_reason,
+            }
+            for entry in self.registry.index()
+        ]
+
+    async def local_load(self, name: str, override: dict[str, Any] | None = None) -> None:
         loop = asyncio.get_running_loop()
         try:  # reading the repository (or a remote one) is blocking I/O: off the event loop
             sources = await loop.run_in_executor(None, self._discover, name, override)
         except ConfigError as error:
             raise InvalidInput(str(error)) from None
         await self.registry.reload(name, sources)
-        self.registry.last_used.setdefault(name, time.monotonic())
+        self.residency.touch(name)
 
-    async def unload_model(self, name: str) -> None:
-        """Stop serving ``name``; what is queued or running for it is answered first."""
+    async def local_unload(self, name: str) -> None:
         await self.registry.unload(name)
 
-    def model_statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
-        """Triton's statistics extension: every version of every model, or one model (or version)."""
+    def local_statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
         if name is None:
-            entries = [entry for model in self.registry.names() for entry in self.registry.versions(model)]
+            entries = self.registry.index()
         elif version is None:
-            self.registry.get(name)  # raises for unknown models
+            if not self.registry.knows(name):
+                raise ModelNotFound(f"unknown model {name!r}")
             entries = self.registry.versions(name)
         else:
             entries = [self.registry.get(name, version)]
         return {
             "model_stats": [
-                {"name": entry.name, "version": entry.version, **entry.batcher.stats.as_dict()}
+                {"name": entry.name, "version": entry.version, **entry.recorder.stats.as_dict()}
                 for entry in entries
             ]
         }
 
-    def record(self, outcome: Outcome) -> None:
-        """Count a finished request and log it; requests for unknown models are counted as one model."""
-        total_s = time.perf_counter() - outcome.started
-        status = status_label(outcome.error)
-        metrics = outcome.metrics
-        if metrics is None:  # it failed before reaching a model version
-            name, version = outcome.model, outcome.version
-            try:
-                version = self.registry.get(name, version).version
-            except ModelNotFound:
-                name, version = UNKNOWN_MODEL, ""
-            except ModelNotReady:
-                version = version or ""
-            metrics = self.metrics.model(name, version)
-        metrics.request_done(outcome.protocol, status, total_s, outcome.decode_s, outcome.encode_s)
-        self.access_log.write(outcome, metrics.name, metrics.version, status, total_s)
+    def local_metrics(self) -> Snapshot:
+        return self.metrics.snapshot(self.registry.gauges())
 
-    def submit(
-        self,
-        name: str,
-        version: str | None,
-        request: InferRequest,
-        deadline_s: float | None = None,
-        trace: RequestTrace | None = None,
-    ) -> PendingInference:
-        """Validate and queue a request; the returned object's ``outputs`` future resolves when it ran.
+    # ---- inference ----
 
-        Transports that answer from callbacks (HTTP) use this directly; cancelling ``outputs`` takes
-        the request out of the queue if it has not started. ``deadline_s`` is the transport's own
-        deadline (a gRPC client's), in seconds from now; the request's ``timeout`` parameter also counts.
-        """
-        entry = self.registry.get(name, version)
-        if entry.state is not ModelState.READY:
-            raise ModelNotReady(f"model {name!r} version {entry.version} is {entry.state.value.lower()}")
-        self.registry.last_used[name] = time.monotonic()
-        backend = entry.backend
-        checked = check_request(
-            name, backend.inputs, backend.outputs, entry.policy.max_batch_size > 0, request
-        )
-        outputs = entry.batcher.submit(
-            request.inputs,
-            checked.rows,
-            checked.group,
-            output_names=checked.output_names,
-            priority=parse_priority(request.parameters, entry.config.default_priority_level),
-            timeout_s=_earliest(parse_timeout_s(request.parameters), deadline_s),
-            trace=trace,
-            parameters=request.parameters,
-        )
-        return PendingInference(name, entry.version, request, outputs, checked.rows, entry.batcher.metrics)
+    def call(
+        self, protocol: str, model: str, version: str | None, request_id: str | None = None
+    ) -> InferenceCall:
+        """Start one inference request; ``request_id`` is the transport's (a header or metadata)."""
+        return InferenceCall(self, Outcome(protocol, model, version, request_id or ""))
+
+    async def run_step(self, model: str, version: str | None, request: InferRequest) -> Tensors:
+        """A pipeline step: an ordinary request to the step's model, through its queue and batcher."""
+        call = self.call("pipeline", model, version, request.id)
+        try:
+            await call.submit(request)
+            return call.respond(lambda response: response.outputs)
+        except BaseException as error:
+            call.fail(error)
+            raise
 
     async def load_evicted(self, name: str, timeout_s: float | None) -> None:
         """Load a model evicted for memory (or on demand), waiting at most ``timeout_s``.
@@ -286,60 +307,148 @@ class InferenceService:
                 f"model {name!r} is still loading after {timeout_s:.3f} s, the request's timeout"
             ) from None
 
-    async def submit_loading(
-        self,
-        name: str,
-        version: str | None,
-        request: InferRequest,
-        deadline_s: float | None = None,
-        trace: RequestTrace | None = None,
-    ) -> PendingInference:
-        """``submit``, first loading the model if it was evicted (bounded by the request's deadline)."""
+    def record(self, outcome: Outcome) -> None:
+        """Count a finished request and log it; requests for unknown models are counted as one model."""
+        total_s = time.perf_counter() - outcome.started
+        status = status_label(outcome.error)
+        metrics = outcome.metrics
+        if metrics is None:  # it failed before reaching a model version
+            name, version = outcome.model, outcome.version
+            try:
+                version = self.router.pick(name, version).version
+            except ModelNotFound:
+                name, version = UNKNOWN_MODEL, ""
+            except ModelNotReady:
+                version = version or ""
+            metrics = self.metrics.model(name, version)
+        metrics.request_done(outcome.protocol, status, total_s, outcome.decode_s, outcome.encode_s)
+        self.access_log.write(outcome, metrics.name, metrics.version, status, total_s)
+
+
+class InferenceCall:
+    """One inference request from the transport's decoded bytes to its encoded answer.
+
+    Transports use it in four steps: ``decode`` (their decoder, timed; the request id), ``submit`` (a
+    future of the outputs; cancelling it drops the queued request), ``respond`` (their encoder, timed) or
+    ``fail`` (an error they met, or cancellation). The outcome is recorded exactly once, at ``respond``
+    or the first ``fail``.
+    """
+
+    __slots__ = ("_output_parameters", "_outputs", "_recorded", "_service", "_version", "outcome", "request")
+
+    def __init__(self, service: InferenceService, outcome: Outcome) -> None:
+        self._service = service
+        self.outcome = outcome
+        self.request: InferRequest | None = None
+        self._outputs: asyncio.Future[Tensors] | None = None
+        self._version = ""
+        self._output_parameters: dict[str, dict[str, Any]] = {}
+        self._recorded = False
+
+    @property
+    def request_id(self) -> str:
+        return self.outcome.request_id
+
+    def decode(self, decoder: Callable[[A], InferRequest], data: A) -> InferRequest:
+        """``decoder(data)``, timed. The request id: the transport's, else the body's, else a new one."""
+        outcome = self.outcome
         try:
-            return self.submit(name, version, request, deadline_s, trace)
+            request = decoder(data)
+        except BaseException:
+            outcome.request_id = outcome.request_id or new_request_id()
+            raise
+        finally:
+            outcome.decode_s = time.perf_counter() - outcome.started
+        outcome.request_id = outcome.request_id or request.id or new_request_id()
+        return request
+
+    def submit(self, request: InferRequest, deadline_s: float | None = None) -> asyncio.Future[Tensors]:
+        """Queue the request on the version the router picks; the future holds its outputs.
+
+        A model evicted to save memory is loaded first (bounded by the request's deadline), so that
+        future takes longer. ``deadline_s`` is the transport's own deadline (a gRPC client's), in
+        seconds from now; the request's ``timeout`` parameter also counts.
+        """
+        self.request = request
+        if not self.outcome.request_id:
+            self.outcome.request_id = request.id or new_request_id()
+        try:
+            self._outputs = self._queue(request, deadline_s)
         except ModelEvicted:
-            started = time.monotonic()
-            timeout_s = _earliest(parse_timeout_s(request.parameters), deadline_s)
-            await self.load_evicted(name, timeout_s)
-            left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - started))
-            request.parameters.pop("timeout", None)  # what is left of it is in ``left``
-            return self.submit(name, version, request, left, trace)
+            self._outputs = asyncio.ensure_future(self._load_then_queue(request, deadline_s))
+        return self._outputs
 
-    async def _run_step(self, name: str, version: str | None, request: InferRequest) -> dict[str, np.ndarray]:
-        """A pipeline step: an ordinary request to the step's model, through its queue and batcher."""
-        pending = await self.submit_loading(name, version, request)
-        await pending.outputs
-        return pending.response().outputs
+    def _queue(self, request: InferRequest, deadline_s: float | None) -> asyncio.Future[Tensors]:
+        service, outcome = self._service, self.outcome
+        entry = service.router.pick(outcome.model, outcome.version, request)
+        serving = entry.serving
+        if entry.state is not ModelState.READY or serving is None:
+            raise ModelNotReady(f"model {entry.name!r} version {entry.version} is {entry.state.wire.lower()}")
+        backend = serving.backend
+        checked = check_request(
+            entry.name, backend.inputs, backend.outputs, serving.policy.max_batch_size > 0, request
+        )
+        outcome.rows, outcome.metrics = checked.rows, entry.recorder.metrics
+        self._version, self._output_parameters = entry.version, serving.output_parameters
+        work = Work(
+            request.inputs, checked.rows, checked.output_names, request.parameters, outcome.request_id
+        )
+        return serving.batcher.submit(
+            work,
+            checked.group,
+            priority=parse_priority(request.parameters, entry.config.default_priority_level),
+            timeout_s=_earliest(parse_timeout_s(request.parameters), deadline_s),
+            trace=outcome.trace,
+        )
 
-    async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
-        pending = await self.submit_loading(name, version, request)
-        await pending.outputs
-        return pending.response()
+    async def _load_then_queue(self, request: InferRequest, deadline_s: float | None) -> Tensors:
+        started = time.monotonic()
+        timeout_s = _earliest(parse_timeout_s(request.parameters), deadline_s)
+        await self._service.load_evicted(self.outcome.model, timeout_s)
+        left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - started))
+        request.parameters.pop("timeout", None)  # what is left of it is in ``left``
+        return await self._queue(request, left)
+
+    def respond(self, encode: Callable[[InferResponse], T]) -> T:
+        """Once the outputs are there: the response, encoded by the transport (timed), recorded as a
+        success. Raises (after recording it) the inference's error or the encoder's."""
+        assert self._outputs is not None
+        assert self.request is not None
+        try:
+            outputs = self._outputs.result()
+            request = self.request
+            if request.outputs is not None:
+                outputs = {wanted.name: outputs[wanted.name] for wanted in request.outputs}
+            response = InferResponse(
+                model_name=self.outcome.model,
+                model_version=self._version,
+                outputs=outputs,
+                id=request.id,
+                requested=request.outputs,
+                output_parameters=self._output_parameters,
+            )
+            started = time.perf_counter()
+            encoded = encode(response)
+            self.outcome.encode_s = time.perf_counter() - started
+        except BaseException as error:
+            self.fail(error)
+            raise
+        self._record(None)
+        return encoded
+
+    def fail(self, error: BaseException) -> None:
+        """The request ended with ``error``; recorded unless the call was already recorded."""
+        if not self._recorded:
+            self._record(error)
+
+    def _record(self, error: BaseException | None) -> None:
+        self._recorded = True
+        if not self.outcome.request_id:
+            self.outcome.request_id = new_request_id()
+        self.outcome.error = error
+        self._service.record(self.outcome)
 
 
 def _earliest(*timeouts_s: float | None) -> float | None:
     given = [timeout for timeout in timeouts_s if timeout is not None]
     return min(given) if given else None
-
-
-@dataclass(slots=True)
-class PendingInference:
-    model_name: str
-    model_version: str
-    request: InferRequest
-    outputs: asyncio.Future[dict[str, np.ndarray]]
-    rows: int
-    metrics: ModelMetrics
-
-    def response(self) -> InferResponse:
-        """The response, once ``outputs`` holds a result: only the requested outputs, in request order."""
-        outputs = self.outputs.result()
-        if self.request.outputs is not None:
-            outputs = {wanted.name: outputs[wanted.name] for wanted in self.request.outputs}
-        return InferResponse(
-            model_name=self.model_name,
-            model_version=self.model_version,
-            outputs=outputs,
-            id=self.request.id,
-            requested=self.request.outputs,
-        )

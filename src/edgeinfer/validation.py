@@ -31,34 +31,37 @@ def check_request(
     batching: bool,
     request: InferRequest,
 ) -> Checked:
-    if len(request.inputs) != len(inputs) or any(spec.name not in request.inputs for spec in inputs):
+    given = request.inputs
+    if len(given) != len(inputs):
         _missing_or_extra(model, inputs, request)
-    rows_seen: dict[str, int] = {}
+    rows = -1
     for spec in inputs:
         name = spec.name
-        array = request.inputs[name]
+        array = given.get(name)
+        if array is None:
+            _missing_or_extra(model, inputs, request)
+            raise AssertionError  # unreachable: the line above raised
         datatype = v2_datatype(array.dtype)
         if datatype != spec.datatype:
             raise InvalidInput(
                 f"input {name!r} has datatype {datatype} but model {model!r} expects {spec.datatype}"
             )
-        if not _shape_fits(array.shape, spec.shape):
+        shape = array.shape
+        if not _shape_fits(shape, spec.shape):
             raise InvalidInput(
-                f"input {name!r} has shape {list(array.shape)} but model {model!r} expects "
+                f"input {name!r} has shape {list(shape)} but model {model!r} expects "
                 f"{list(spec.shape)} (-1 is any size)"
             )
         if batching:
-            rows_seen[name] = array.shape[0]
-
-    rows = 1
-    if batching:
-        distinct = set(rows_seen.values())
-        if len(distinct) > 1:
-            detail = ", ".join(f"{name} has {count}" for name, count in rows_seen.items())
-            raise InvalidInput(f"all inputs must have the same batch size (first dimension): {detail}")
-        rows = distinct.pop()
-        if rows < 1:
-            raise InvalidInput("the batch size (first dimension of every input) must be at least 1")
+            if rows < 0:
+                rows = shape[0]
+            elif shape[0] != rows:
+                detail = ", ".join(f"{other} has {array.shape[0]}" for other, array in given.items())
+                raise InvalidInput(f"all inputs must have the same batch size (first dimension): {detail}")
+    if rows < 0:  # not batching, or a model that takes no inputs: one request is one row
+        rows = 1
+    elif rows < 1:
+        raise InvalidInput("the batch size (first dimension of every input) must be at least 1")
 
     output_names = None
     if request.outputs is not None:
@@ -89,7 +92,11 @@ def _missing_or_extra(model: str, inputs: Sequence[TensorSpec], request: InferRe
 
 def batch_group(request: InferRequest) -> Hashable:
     """Requests with equal groups have equal non-batch shapes and datatypes, so they can be merged."""
-    return tuple((name, array.dtype.str, array.shape[1:]) for name, array in sorted(request.inputs.items()))
+    inputs = request.inputs
+    if len(inputs) == 1:
+        for name, array in inputs.items():
+            return ((name, array.dtype.str, array.shape[1:]),)
+    return tuple((name, array.dtype.str, array.shape[1:]) for name, array in sorted(inputs.items()))
 
 
 def parse_priority(parameters: dict[str, Any], default: int) -> int:
@@ -114,9 +121,12 @@ def parse_timeout_s(parameters: dict[str, Any]) -> float | None:
 
 
 def _shape_fits(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
-    return len(shape) == len(expected) and all(
-        want in (-1, got) for got, want in zip(shape, expected, strict=True)
-    )
+    if len(shape) != len(expected):
+        return False
+    for got, want in zip(shape, expected):  # noqa: B905, SIM110 (lengths checked above; a loop beats all() here)
+        if want != got and want != -1:
+            return False
+    return True
 
 
 def _names(names: Sequence[str]) -> str:

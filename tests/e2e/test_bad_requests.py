@@ -21,14 +21,23 @@ BAD_REQUESTS = [
     ("malformed JSON", "POST", "/v2/models/simple/infer", b'{"inputs": [', 400, "not valid JSON"),
     ("body is a list", "POST", "/v2/models/simple/infer", b"[1, 2]", 400, "must be a JSON object"),
     ("empty body", "POST", "/v2/models/simple/infer", b"", 400, "empty"),
-    (
+    (  # valid for a model that takes no inputs (parameters only), not for this one
         "no inputs",
         "POST",
         "/v2/models/simple/infer",
         {"inputs": []},
         400,
-        "'inputs' must be a non-empty list",
+        "model 'simple' needs input(s) 'INPUT0'",
     ),
+    (
+        "inputs left out",
+        "POST",
+        "/v2/models/simple/infer",
+        {"parameters": {"url": "x"}},
+        400,
+        "model 'simple' needs input(s) 'INPUT0'",
+    ),
+    ("inputs not a list", "POST", "/v2/models/simple/infer", {"inputs": 5}, 400, "'inputs' must be a list"),
     (
         "unknown field",
         "POST",

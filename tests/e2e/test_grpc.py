@@ -192,7 +192,7 @@ MALFORMED = [
      grpc.StatusCode.NOT_FOUND, "unknown model 'nope'"),
     ("unknown version", _with_raw({"model_name": "simple", "model_version": "7", "inputs": [SIMPLE_INPUT]}, [F16]),
      grpc.StatusCode.NOT_FOUND, "has no version '7'"),
-    ("no inputs", _raw_request(model_name="simple"), grpc.StatusCode.INVALID_ARGUMENT, "the request has no inputs"),
+    ("no inputs", _raw_request(model_name="simple"), grpc.StatusCode.INVALID_ARGUMENT, "model 'simple' needs input(s) 'INPUT0'"),
     ("raw count differs from inputs", _with_raw({"model_name": "simple", "inputs": [SIMPLE_INPUT]}, [F16, F16]),
      grpc.StatusCode.INVALID_ARGUMENT, "raw_input_contents has 2 entries but the request has 1 inputs"),
     ("raw size differs from shape", _with_raw({"model_name": "simple", "inputs": [SIMPLE_INPUT]}, [F16[:-4]]),

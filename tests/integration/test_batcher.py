@@ -1,30 +1,29 @@
-"""The batcher on a real event loop with a fake backend: merging, splitting, limits, deadlines, errors."""
+"""The batcher and the runners on a real event loop with a fake backend: merging, splitting, limits,
+deadlines, errors, cancellation, concurrency. Ordering is driven by events (the fake model holds its
+calls until released), not by sleeping."""
 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from edgeinfer.batching.batcher import Batcher, QueueLimits
 from edgeinfer.batching.policy import BatchPolicy
+from edgeinfer.batching.recorder import BatchRecorder
 from edgeinfer.errors import InferenceFailed, RequestTimeout, ServerBusy
+from edgeinfer.metrics import ModelMetrics
+from edgeinfer.runners import RunnerSettings, Work
+from edgeinfer.runners.coroutine import AsyncRunner
 from tests.fakes import FakeBackend
 
 
-def make(backend: FakeBackend, policy=None, limits=None) -> tuple[Batcher, ThreadPoolExecutor]:
-    limits = limits or QueueLimits()
-    executor = ThreadPoolExecutor(max_workers=limits.max_concurrent_batches + limits.prefetch_batches)
-    batcher = Batcher(
-        "fake",
-        backend.infer,
-        policy or BatchPolicy(max_batch_size=16, max_queue_delay_s=0.005),
-        limits,
-        executor,
-    )
-    return batcher, executor
+def make(backend: FakeBackend, policy=None, limits=None, concurrency=1, prefetch=0, inline_max_s=0.0):
+    runner = backend.runner(RunnerSettings("fake", concurrency, prefetch, inline_max_s))
+    recorder = BatchRecorder(ModelMetrics("fake", "1"))
+    policy = policy or BatchPolicy(max_batch_size=16, max_queue_delay_s=0.005)
+    return Batcher("fake", runner, policy, limits or QueueLimits(), recorder)
 
 
 def rows(tag: float, count: int) -> np.ndarray:
@@ -32,69 +31,78 @@ def rows(tag: float, count: int) -> np.ndarray:
 
 
 def submit(batcher: Batcher, tag: float, count: int = 1, **kwargs):
-    return batcher.submit({"x": rows(tag, count)}, count, ("x", (2,)), **kwargs)
+    return batcher.submit(Work({"x": rows(tag, count)}, count), ("x", (2,)), **kwargs)
+
+
+async def entered(backend: FakeBackend, count: int) -> None:
+    await asyncio.get_running_loop().run_in_executor(None, backend.wait_entered, count)
 
 
 def test_concurrent_requests_get_exactly_their_own_rows():
     async def main():
         backend = FakeBackend(delay_s=0.002)
-        batcher, executor = make(backend)
+        batcher = make(backend)
         futures = [submit(batcher, float(i), 1 + i % 4) for i in range(200)]
         results = await asyncio.gather(*futures)
-        executor.shutdown()
-        return backend, results
+        return backend, results, batcher
 
-    backend, results = asyncio.run(main())
+    backend, results, batcher = asyncio.run(main())
     for index, result in enumerate(results):
         np.testing.assert_array_equal(result["y"], rows(index * 2.0, 1 + index % 4))
     assert len(backend.batches) < 200, "requests were merged"
     assert max(len(batch) for batch in backend.batches) <= 16
+    stats = batcher.recorder.stats
+    assert stats.inference_count == sum(1 + i % 4 for i in range(200))
+    assert stats.execution_count == len(backend.batches)
+    assert stats.success.count == 200
 
 
 def test_full_queue_is_refused_at_once():
     async def main():
-        backend = FakeBackend(delay_s=0.05)
-        batcher, executor = make(
-            backend, policy=BatchPolicy(max_batch_size=1), limits=QueueLimits(max_queue_size=3)
-        )
+        backend = FakeBackend(hold=True)
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=1), limits=QueueLimits(max_queue_size=3))
         running = submit(batcher, 0)  # nothing else in flight: starts at once, leaves the queue
+        await entered(backend, 1)
         queued = [submit(batcher, 1.0 + i) for i in range(3)]
         with pytest.raises(ServerBusy, match="3 requests queued"):
             submit(batcher, 9)
+        backend.release()
         await asyncio.gather(running, *queued)
-        executor.shutdown()
 
     asyncio.run(main())
 
 
 def test_expired_request_is_answered_with_a_timeout_and_never_run():
     async def main():
-        backend = FakeBackend(delay_s=0.1)
-        batcher, executor = make(backend, policy=BatchPolicy(max_batch_size=1))
+        backend = FakeBackend(hold=True)
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=1))
         first = submit(batcher, 1.0)
+        await entered(backend, 1)
         doomed = submit(batcher, 2.0, timeout_s=0.02)
         with pytest.raises(RequestTimeout, match=r"timed out after .* ms in the queue; it was not run"):
             await doomed
+        backend.release()
         await first
-        await asyncio.sleep(0.01)
-        executor.shutdown()
-        return backend
+        await batcher.drain()
+        return backend, batcher
 
-    backend = asyncio.run(main())
+    backend, batcher = asyncio.run(main())
     assert 2.0 not in backend.rows_run()
+    assert batcher.recorder.stats.fail.count == 1
 
 
 def test_queue_timeout_from_config():
     async def main():
-        backend = FakeBackend(delay_s=0.1)
-        batcher, executor = make(
+        backend = FakeBackend(hold=True)
+        batcher = make(
             backend, policy=BatchPolicy(max_batch_size=1), limits=QueueLimits(queue_timeout_s=0.02)
         )
         first = submit(batcher, 1.0)
+        await entered(backend, 1)
         with pytest.raises(RequestTimeout):
             await submit(batcher, 2.0)
+        backend.release()
         await first
-        executor.shutdown()
 
     asyncio.run(main())
 
@@ -102,11 +110,10 @@ def test_queue_timeout_from_config():
 def test_an_exception_reaches_every_request_of_its_batch_and_no_other():
     async def main():
         backend = FakeBackend(fail_when=lambda inputs: bool((inputs["x"] == 13).any()))
-        batcher, executor = make(backend, policy=BatchPolicy(max_batch_size=4, max_queue_delay_s=0.05))
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=4, max_queue_delay_s=0.05))
         bad_batch = [submit(batcher, value) for value in (1.0, 13.0, 2.0, 3.0)]  # full: runs together
         outcomes = await asyncio.gather(*bad_batch, return_exceptions=True)
         next_batch = await asyncio.gather(*(submit(batcher, value) for value in (4.0, 5.0, 6.0, 7.0)))
-        executor.shutdown()
         return outcomes, next_batch
 
     outcomes, next_batch = asyncio.run(main())
@@ -117,10 +124,8 @@ def test_an_exception_reaches_every_request_of_its_batch_and_no_other():
 
 def test_outputs_that_cannot_be_split_fail_the_batch_clearly():
     async def main():
-        batcher, executor = make(FakeBackend(drop_a_row=True), policy=BatchPolicy(max_batch_size=4))
-        outcomes = await asyncio.gather(submit(batcher, 1.0, 2), return_exceptions=True)
-        executor.shutdown()
-        return outcomes
+        batcher = make(FakeBackend(drop_a_row=True), policy=BatchPolicy(max_batch_size=4))
+        return await asyncio.gather(submit(batcher, 1.0, 2), return_exceptions=True)
 
     [outcome] = asyncio.run(main())
     assert isinstance(outcome, InferenceFailed)
@@ -129,17 +134,18 @@ def test_outputs_that_cannot_be_split_fail_the_batch_clearly():
 
 def test_a_cancelled_request_is_not_run():
     async def main():
-        backend = FakeBackend(delay_s=0.05)
-        batcher, executor = make(backend, policy=BatchPolicy(max_batch_size=1))
+        backend = FakeBackend(hold=True)
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=1))
         first = submit(batcher, 1.0)
+        await entered(backend, 1)
         gone = submit(batcher, 2.0)
-        await asyncio.sleep(0.01)
+        assert batcher.queue_length == 1
         gone.cancel()
         await asyncio.sleep(0)  # done callbacks run on the next loop iteration
         assert batcher.queue_length == 0
+        backend.release()
         await first
-        await asyncio.sleep(0.1)
-        executor.shutdown()
+        await batcher.drain()
         return backend
 
     assert 2.0 not in asyncio.run(main()).rows_run()
@@ -147,12 +153,13 @@ def test_a_cancelled_request_is_not_run():
 
 def test_priority_runs_first():
     async def main():
-        backend = FakeBackend(delay_s=0.03)
-        batcher, executor = make(backend, policy=BatchPolicy(max_batch_size=1))
+        backend = FakeBackend(hold=True)
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=1))
         first = submit(batcher, 0.0)
+        await entered(backend, 1)
         late = [submit(batcher, 5.0, priority=5), submit(batcher, 1.0, priority=1)]
+        backend.release()
         await asyncio.gather(first, *late)
-        executor.shutdown()
         return backend
 
     assert asyncio.run(main()).rows_run() == [0.0, 1.0, 5.0]
@@ -160,12 +167,12 @@ def test_priority_runs_first():
 
 def test_concurrent_batches_overlap_when_allowed():
     async def main():
-        backend = FakeBackend(delay_s=0.05)
-        batcher, executor = make(
-            backend, policy=BatchPolicy(max_batch_size=1), limits=QueueLimits(max_concurrent_batches=2)
-        )
-        await asyncio.gather(*(submit(batcher, float(i)) for i in range(4)))
-        executor.shutdown()
+        backend = FakeBackend(hold=True)
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=1), concurrency=2)
+        futures = [submit(batcher, float(i)) for i in range(4)]
+        await entered(backend, 2)
+        backend.release()
+        await asyncio.gather(*futures)
         return backend
 
     assert asyncio.run(main()).max_concurrent == 2
@@ -173,13 +180,13 @@ def test_concurrent_batches_overlap_when_allowed():
 
 def test_one_batch_at_a_time_by_default_and_the_next_forms_meanwhile():
     async def main():
-        backend = FakeBackend(delay_s=0.03)
-        batcher, executor = make(backend, policy=BatchPolicy(max_batch_size=8))
+        backend = FakeBackend(hold=True)
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=8))
         first = submit(batcher, 0.0)
-        await asyncio.sleep(0.005)
+        await entered(backend, 1)
         rest = [submit(batcher, float(i)) for i in range(1, 6)]
+        backend.release()
         await asyncio.gather(first, *rest)
-        executor.shutdown()
         return backend
 
     backend = asyncio.run(main())
@@ -189,30 +196,68 @@ def test_one_batch_at_a_time_by_default_and_the_next_forms_meanwhile():
 
 def test_drain_waits_for_queued_work_and_refuses_new():
     async def main():
-        backend = FakeBackend(delay_s=0.02)
-        batcher, executor = make(backend, policy=BatchPolicy(max_batch_size=1))
+        backend = FakeBackend(delay_s=0.01)
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=1))
         futures = [submit(batcher, float(i)) for i in range(3)]
         await batcher.drain()
         assert all(future.done() for future in futures)
         with pytest.raises(Exception, match="unloading"):
             submit(batcher, 9.0)
-        executor.shutdown()
 
     asyncio.run(main())
 
 
 def test_prefetched_batches_wait_for_the_compute_slot():
     async def main():
-        backend = FakeBackend(delay_s=0.02)
-        batcher, executor = make(
-            backend,
-            policy=BatchPolicy(max_batch_size=1),
-            limits=QueueLimits(max_concurrent_batches=1, prefetch_batches=1),
-        )
+        backend = FakeBackend(delay_s=0.01)
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=1), concurrency=1, prefetch=1)
         results = await asyncio.gather(*(submit(batcher, float(i)) for i in range(6)))
-        executor.shutdown()
         return backend, results
 
     backend, results = asyncio.run(main())
     assert backend.max_concurrent == 1, "prefetched batches never compute at the same time"
     assert [result["y"][0, 0] for result in results] == [2.0 * i for i in range(6)]
+
+
+def test_a_batch_predicted_cheaper_than_the_thread_hop_runs_inline():
+    async def main():
+        backend = FakeBackend()
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=8), inline_max_s=1.0)
+        first = submit(batcher, 1.0)  # nothing measured yet: a worker thread
+        assert not first.done()
+        await first
+        second = submit(batcher, 2.0)  # measured far below 1 s: runs on the loop, done at once
+        assert second.done()
+        return second.result()
+
+    np.testing.assert_array_equal(asyncio.run(main())["y"], rows(4.0, 1))
+
+
+def test_an_async_runner_keeps_to_its_concurrency_with_prefetch():
+    """max_concurrent_batches 1 and prefetch_batches 2: three batches handed over, one predict at a time."""
+    inside = 0
+    most = 0
+
+    async def predict(batch):
+        nonlocal inside, most
+        inside += 1
+        most = max(most, inside)
+        await asyncio.sleep(0.005)
+        inside -= 1
+        return [{"y": work.inputs["x"]} for work in batch]
+
+    async def main():
+        runner = AsyncRunner(predict, RunnerSettings("async", concurrency=1, prefetch=2))
+        batcher = Batcher(
+            "async",
+            runner,
+            BatchPolicy(max_batch_size=1),
+            QueueLimits(),
+            BatchRecorder(ModelMetrics("async", "1")),
+        )
+        await asyncio.gather(*(submit(batcher, float(i)) for i in range(6)))
+        return runner
+
+    runner = asyncio.run(main())
+    assert runner.capacity == 3
+    assert most == 1

@@ -1,47 +1,69 @@
-"""Backends run a loaded model on a batch of numpy arrays.
+"""Backends run a loaded model; each one says how it is to be executed by returning its runner.
 
-A backend knows nothing about requests, batching or transports: it gets one dict of concatenated input
-arrays and returns one dict of output arrays. Each backend lives in its own module, imported only when a
-model uses it, so a server without ONNX models never pays for importing ONNX Runtime.
+A backend knows nothing about requests queues, batching decisions or transports. Array backends (ONNX
+Runtime, ``predict_batch``) compute one dict of concatenated input arrays into one dict of outputs;
+Python models that implement ``predict`` and pipelines take the requests of a batch one by one. That
+difference is the backend's own business: ``runner()`` hands the batcher a runner that executes batches
+the right way (``edgeinfer.runners``), so nothing above needs to ask what kind of backend it holds.
+
+Each backend lives in its own module, imported only when a model uses it, so a server without ONNX
+models never pays for importing ONNX Runtime.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
+from edgeinfer.protocol.types import InferRequest, TensorSpec
+from edgeinfer.runners import Runner, RunnerSettings, Tensors
 
-from edgeinfer.config import ModelConfig
-from edgeinfer.protocol.types import TensorSpec
+if TYPE_CHECKING:
+    from edgeinfer.config import ModelConfig
 
 
 class Backend(Protocol):
     """A loaded model.
 
-    Threading: ``infer`` is called from worker threads, never on the event loop, and at most
-    ``max_concurrent_batches`` calls run at once; it may block and should release the GIL while it
-    computes. ``close`` is called once, after the last ``infer`` has returned.
+    ``platform`` is the framework name of the V2 model metadata (``onnx_onnxv1``); ``config_platform``
+    and ``config_backend`` are what Triton's model configuration reports (``onnxruntime_onnx`` and
+    ``onnxruntime``; ``""`` and ``python`` for Python models; ``ensemble`` and ``""`` for pipelines).
 
-    Ownership: input arrays belong to the caller and are only read during the call; returned arrays
-    belong to the caller. BYTES tensors are numpy object arrays of ``bytes`` both ways.
+    Threading and ownership are the runner's contract (``runners.base.Runner``): the backend's runner
+    calls the model with at most ``settings.concurrency`` batches at once and never on the event loop
+    unless the backend allows it. Input arrays belong to the caller and are only read; returned arrays
+    belong to the caller. BYTES tensors are numpy object arrays of ``bytes`` both ways. ``close`` is
+    called once, after the runner has closed.
     """
 
     platform: str
+    config_platform: str
+    config_backend: str
     execution_provider: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    warmup_applies: bool  # False: synthetic warmup means nothing (a pipeline's steps warm up themselves)
 
-    def infer(
-        self, inputs: dict[str, np.ndarray], output_names: Sequence[str] | None
-    ) -> dict[str, np.ndarray]:
-        """Run the model; ``output_names`` None means every output."""
+    def runner(self, settings: RunnerSettings) -> Runner:
+        """The runner that executes this model's batches (called once per loaded version)."""
         ...
 
     def close(self) -> None:
         """Free the model's memory."""
         ...
+
+
+# Runs one request on another model, through its queue: (model, version, request) -> outputs.
+StepRunner = Callable[[str, "str | None", InferRequest], Awaitable[Tensors]]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadContext:
+    """What the server lends backends when they load (given by the composition root)."""
+
+    run_step: StepRunner | None = None  # how a pipeline's steps reach their models
 
 
 _BACKEND_MODULES = {
@@ -51,24 +73,13 @@ _BACKEND_MODULES = {
 }
 
 
-RunRequests = Callable[[list[Any]], Any]
-
-
-def request_runner(backend: Backend) -> tuple[RunRequests, bool] | None:
-    """The per-request path of a backend that has one, and whether it is a coroutine function.
-
-    Python models that implement ``predict`` and pipelines take whole requests (``infer_requests`` /
-    ``infer_requests_async``) instead of concatenated arrays; every other backend returns None here.
-    """
-    if not getattr(backend, "per_request", False):
-        return None
-    if getattr(backend, "is_async", False):
-        return backend.infer_requests_async, True  # type: ignore[attr-defined]
-    return backend.infer_requests, False  # type: ignore[attr-defined]
-
-
-def load_backend(path: str, config: ModelConfig) -> Backend:
-    """Load the model file at ``path`` with the backend ``config.backend`` names."""
+def load_backend(path: str, config: ModelConfig, name: str, context: LoadContext) -> Backend:
+    """Load the model at ``path`` (none for Python models and pipelines) with ``config.backend``."""
     module = importlib.import_module(_BACKEND_MODULES[config.backend])
-    backend: Backend = module.load(path, config)
+    backend: Backend = module.load(path, config, name, context)
     return backend
+
+
+def can_batch(inputs: Iterable[TensorSpec], outputs: Iterable[TensorSpec]) -> bool:
+    """Batching needs a dynamic first dimension on every input and output."""
+    return all(spec.shape and spec.shape[0] == -1 for spec in (*inputs, *outputs))

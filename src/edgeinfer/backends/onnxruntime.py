@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import onnxruntime as ort
 
+from edgeinfer.backends import LoadContext
 from edgeinfer.config import ModelConfig, OnnxRuntimeConfig
 from edgeinfer.errors import InferenceFailed, ModelLoadError
 from edgeinfer.protocol.datatypes import ONNX_TO_V2
 from edgeinfer.protocol.types import TensorSpec
+from edgeinfer.runners import Runner, RunnerSettings
+from edgeinfer.runners.arrays import concatenating
+from edgeinfer.runners.thread import ThreadRunner
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +27,8 @@ _OPTIMIZATION_LEVELS = {
 }
 
 
-def load(path: str, config: ModelConfig) -> OnnxRuntimeBackend:
-    return OnnxRuntimeBackend(path, config.backend_config)
+def load(path: str, config: ModelConfig, name: str, context: LoadContext) -> OnnxRuntimeBackend:
+    return OnnxRuntimeBackend(path, config.backend_config, name)
 
 
 def choose_providers(wanted: Sequence[str], available: Sequence[str]) -> list[str]:
@@ -38,11 +42,18 @@ class OnnxRuntimeBackend:
 
     Outputs that are not tensors (scikit-learn's ZipMap produces a sequence of maps) are left out of the
     metadata and never computed; inputs that are not tensors make the model unloadable.
+
+    Batches run in worker threads (``session.run`` releases the GIL), or inline on the event loop when
+    the runner predicts that is cheaper than the thread hop (CPU sessions never block on I/O).
     """
 
     platform = "onnx_onnxv1"
+    config_platform = "onnxruntime_onnx"
+    config_backend = "onnxruntime"
+    warmup_applies = True
 
-    def __init__(self, path: str, config: OnnxRuntimeConfig) -> None:
+    def __init__(self, path: str, config: OnnxRuntimeConfig, name: str = "") -> None:
+        self.name = name or path
         providers = choose_providers(config.execution_providers, ort.get_available_providers())
         options = ort.SessionOptions()
         options.intra_op_num_threads = config.intra_op_num_threads
@@ -69,6 +80,9 @@ class OnnxRuntimeBackend:
         self._string_inputs = {spec.name for spec in self.inputs if spec.datatype == "BYTES"}
         self._all_outputs = [spec.name for spec in self.outputs]
 
+    def runner(self, settings: RunnerSettings) -> Runner:
+        return ThreadRunner(concatenating(self.name, self.infer, settings.batching), settings)
+
     @staticmethod
     def _tensor_spec(arg: ort.NodeArg, kind: str, path: str) -> TensorSpec:
         datatype = ONNX_TO_V2.get(arg.type)
@@ -78,7 +92,7 @@ class OnnxRuntimeBackend:
         return TensorSpec(arg.name, datatype, shape)
 
     def infer(
-        self, inputs: dict[str, np.ndarray], output_names: Sequence[str] | None
+        self, inputs: dict[str, np.ndarray], output_names: Collection[str] | None
     ) -> dict[str, np.ndarray]:
         names = list(output_names) if output_names is not None else self._all_outputs
         feed = inputs

@@ -21,51 +21,52 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from edgeinfer.backends import LoadContext, StepRunner
 from edgeinfer.config import ModelConfig, PipelineConfig
 from edgeinfer.errors import EdgeInferError, InferenceFailed, ModelLoadError
 from edgeinfer.protocol.types import InferRequest, TensorSpec
+from edgeinfer.runners import Result, Runner, RunnerSettings, Tensors, Work
+from edgeinfer.runners.coroutine import AsyncRunner
 
-Tensors = dict[str, np.ndarray]
-# runs one request on a model: (model, version, request) -> outputs
-StepRunner = Callable[[str, str | None, InferRequest], Awaitable[Tensors]]
+# A pipeline request mostly waits for its steps: many run at once, on the event loop.
+MIN_CONCURRENT_REQUESTS = 1024
 
 
 class PipelineBackend:
     """A Backend whose batches run the DAG for every request concurrently (on the event loop)."""
 
     platform = "ensemble"
+    config_platform = "ensemble"
+    config_backend = ""
     execution_provider = "pipeline"
-    per_request = True
-    is_async = True
+    warmup_applies = False  # its steps are warmed up as the models they are
 
-    def __init__(self, name: str, config: PipelineConfig) -> None:
+    def __init__(self, name: str, config: PipelineConfig, run_step: StepRunner | None) -> None:
         self.name = name
         self.config = config
         self.inputs = tuple(TensorSpec(t.name, t.datatype, t.shape) for t in config.inputs)
         self.outputs = tuple(TensorSpec(t.name, t.datatype, t.shape) for t in config.outputs)
-        self._runner: StepRunner | None = None
+        self._run_step = run_step
         _check_wiring(name, config)
 
-    def bind(self, runner: StepRunner) -> None:
-        """Given by the service: how a step sends a request to its model."""
-        self._runner = runner
+    def runner(self, settings: RunnerSettings) -> Runner:
+        concurrency = max(settings.concurrency, MIN_CONCURRENT_REQUESTS)
+        return AsyncRunner(self.execute, replace(settings, concurrency=concurrency, prefetch=0))
 
-    def infer(self, inputs: Tensors, output_names: Sequence[str] | None) -> Tensors:
-        raise InferenceFailed(f"pipeline {self.name!r} runs on the event loop, not in a worker thread")
-
-    async def infer_requests_async(self, requests: list[Any]) -> list[Tensors | BaseException]:
-        runs = (self._run(request.inputs, request.parameters) for request in requests)
+    async def execute(self, batch: list[Work]) -> list[Result]:
+        runs = (self._run(work.inputs, work.parameters, work.request_id) for work in batch)
         results = await asyncio.gather(*runs, return_exceptions=True)
         return list(results)
 
-    async def _run(self, inputs: Tensors, parameters: dict[str, Any]) -> Tensors:
-        if self._runner is None:
+    async def _run(self, inputs: Tensors, parameters: dict[str, Any], request_id: str | None) -> Tensors:
+        if self._run_step is None:
             raise InferenceFailed(f"pipeline {self.name!r} is not connected to its models")
+        send = self._run_step
         values: dict[str, np.ndarray] = dict(inputs)
         done: dict[str, asyncio.Future[None]] = {}
 
@@ -74,13 +75,13 @@ class PipelineBackend:
             await asyncio.gather(*(done[other] for other in needed))
             request = InferRequest(
                 inputs={name: values[source] for name, source in step.inputs.items()},
+                id=f"{request_id}/{step.name}" if request_id else None,
                 parameters={
                     key: value for key, value in parameters.items() if key in ("timeout", "priority")
                 },
             )
-            assert self._runner is not None
             try:
-                outputs = await self._runner(step.model, step.version, request)
+                outputs = await send(step.model, step.version, request)
             except EdgeInferError as error:
                 raise type(error)(
                     f"pipeline {self.name!r} step {step.name!r} (model {step.model!r}): {error}"
@@ -104,7 +105,7 @@ class PipelineBackend:
         return {output.name: values[output.source] for output in self.config.outputs if output.source}
 
     def close(self) -> None:
-        self._runner = None
+        self._run_step = None
 
 
 def _settle(future: asyncio.Future[None], task: asyncio.Task[None]) -> None:
@@ -164,6 +165,6 @@ def _check_wiring(name: str, config: PipelineConfig) -> None:
         visit(step_name)
 
 
-def load(path: str, config: ModelConfig) -> PipelineBackend:
+def load(path: str, config: ModelConfig, name: str, context: LoadContext) -> PipelineBackend:
     assert config.pipeline is not None
-    return PipelineBackend(path or "pipeline", config.pipeline)
+    return PipelineBackend(name, config.pipeline, context.run_step)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgeinfer.runners import BatchTimes
+
 
 @dataclass(slots=True)
 class Duration:
@@ -21,15 +23,6 @@ class Duration:
 
     def as_dict(self) -> dict[str, int]:
         return {"count": self.count, "ns": self.ns}
-
-
-@dataclass(slots=True)
-class BatchTimes:
-    """Where one executed batch spent its time, measured in the worker thread."""
-
-    input_ns: int = 0
-    infer_ns: int = 0
-    output_ns: int = 0
 
 
 @dataclass(slots=True)
@@ -84,3 +77,25 @@ class ModelStatistics:
                 for rows, times in sorted(self.by_batch_size.items())
             ],
         }
+
+
+def merge_statistics(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One version's statistics from several workers' (``as_dict`` layouts): counts and times summed,
+    ``last_inference`` the latest, batch sizes merged."""
+    merged = ModelStatistics()
+    for entry in entries:
+        merged.inference_count += entry["inference_count"]
+        merged.execution_count += entry["execution_count"]
+        merged.last_inference_ms = max(merged.last_inference_ms, entry["last_inference"])
+        stats = entry["inference_stats"]
+        for name in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output"):
+            getattr(merged, name).add(int(stats[name]["ns"]), int(stats[name]["count"]))
+        for batch in entry["batch_stats"]:
+            rows = batch["batch_size"]
+            times = merged.by_batch_size.setdefault(rows, BatchTimes())
+            times.input_ns += int(batch["compute_input"]["ns"])
+            times.infer_ns += int(batch["compute_infer"]["ns"])
+            times.output_ns += int(batch["compute_output"]["ns"])
+            count = int(batch["compute_infer"]["count"])
+            merged.count_by_batch_size[rows] = merged.count_by_batch_size.get(rows, 0) + count
+    return merged.as_dict()

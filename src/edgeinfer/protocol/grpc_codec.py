@@ -71,8 +71,6 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
             inputs[name] = contents_to_array(name, tensor.datatype, shape, tensor.contents)
         if tensor.parameters:
             input_parameters[name] = parameters_to_dict(tensor.parameters)
-    if not inputs:
-        raise InvalidInput("the request has no inputs")
     outputs = [
         RequestedOutput(output.name, parameters_to_dict(output.parameters)) for output in message.outputs
     ]
@@ -113,7 +111,9 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
         model_name=response.model_name, model_version=response.model_version, id=response.id or ""
     )
     for name, array in response.outputs.items():
-        message.outputs.add(name=name, datatype=v2_datatype(array.dtype), shape=array.shape)
+        output = message.outputs.add(name=name, datatype=v2_datatype(array.dtype), shape=array.shape)
+        for key, value in response.output_parameters.get(name, {}).items():
+            output.parameters[key].string_param = str(value)
         message.raw_output_contents.append(array_to_raw(array))
     return message
 

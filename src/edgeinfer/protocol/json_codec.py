@@ -18,6 +18,7 @@ from edgeinfer.protocol.datatypes import numpy_dtype, v2_datatype
 from edgeinfer.protocol.types import InferRequest, InferResponse, Parameters, RequestedOutput
 
 _DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+_REQUEST_FIELDS = frozenset(("id", "parameters", "inputs", "outputs"))
 
 
 def dumps(value: Any) -> bytes:
@@ -48,17 +49,17 @@ def decode_request_object(
     document: dict[str, Any], binary_inputs: dict[str, np.ndarray] | None
 ) -> InferRequest:
     """Build an InferRequest from a parsed body; ``binary_inputs`` holds tensors already decoded."""
-    unknown = set(document) - {"id", "parameters", "inputs", "outputs"}
-    if unknown:
-        raise InvalidInput(f"unknown field(s) in inference request: {', '.join(sorted(unknown))}")
+    if not _REQUEST_FIELDS.issuperset(document):
+        unknown = sorted(set(document) - _REQUEST_FIELDS)
+        raise InvalidInput(f"unknown field(s) in inference request: {', '.join(unknown)}")
     request_id = document.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput(f"'id' must be a string, not {_json_type(request_id)}")
     parameters = _parameters(document.get("parameters"), "request 'parameters'")
 
-    raw_inputs = document.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise InvalidInput("'inputs' must be a non-empty list of tensors")
+    raw_inputs = document.get("inputs", [])  # a model may take no inputs (parameters only)
+    if not isinstance(raw_inputs, list):
+        raise InvalidInput(f"'inputs' must be a list of tensors, not {_json_type(raw_inputs)}")
     inputs: dict[str, np.ndarray] = {}
     input_parameters: dict[str, Parameters] = {}
     for position, raw in enumerate(raw_inputs):
@@ -208,11 +209,14 @@ def response_document(response: InferResponse, binary_sizes: dict[str, int]) -> 
             "datatype": v2_datatype(array.dtype),
             "shape": list(array.shape),
         }
+        parameters = dict(response.output_parameters.get(name, ()))
         size = binary_sizes.get(name)
         if size is not None:
-            output["parameters"] = {"binary_data_size": size}
+            parameters["binary_data_size"] = size
         else:
             output["data"] = array_to_json(name, array)
+        if parameters:
+            output["parameters"] = parameters
         outputs.append(output)
     document: dict[str, Any] = {
         "model_name": response.model_name,

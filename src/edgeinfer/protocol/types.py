@@ -16,14 +16,23 @@ Parameters = dict[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
-    """One model input or output as the model declares it; -1 marks a dynamic dimension."""
+    """One model input or output as the model declares it; -1 marks a dynamic dimension.
+
+    ``content_type`` tags what the elements mean beyond their datatype, as MLServer's clients read it
+    from the tensor's ``parameters``: ``"str"`` for BYTES elements that are UTF-8 text (JSON documents
+    included). It appears in the model metadata and on every response output.
+    """
 
     name: str
     datatype: str
     shape: tuple[int, ...]
+    content_type: str | None = None
 
     def as_metadata(self) -> dict[str, Any]:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+        metadata: dict[str, Any] = {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+        if self.content_type is not None:
+            metadata["parameters"] = {"content_type": self.content_type}
+        return metadata
 
 
 @dataclass(slots=True)
@@ -47,7 +56,9 @@ class InferRequest:
 
 @dataclass(slots=True)
 class InferResponse:
-    """The answer to one request: only the outputs it asked for, in model order."""
+    """The answer to one request: only the outputs it asked for, in model order.
+
+    ``output_parameters`` are sent with each named output (e.g. its ``content_type``)."""
 
     model_name: str
     model_version: str
@@ -55,3 +66,4 @@ class InferResponse:
     id: str | None = None
     parameters: Parameters = field(default_factory=dict)
     requested: list[RequestedOutput] | None = None
+    output_parameters: dict[str, Parameters] = field(default_factory=dict)

@@ -1,12 +1,13 @@
-"""Loading one model version: backend, batching policy, warmup.
+"""Loading one model version (backend and batching policy) and warming it up through its runner.
 
-Runs in a worker thread at startup (loading is blocking work); the result is a ``LoadedModel`` the
-registry wires to a batcher on the event loop.
+``load_model`` is blocking work and runs in a worker thread; ``warm_up`` runs on the event loop and
+sends its requests through the version's own runner, so a model is exercised exactly where it will serve
+(its worker threads, the loop for async models, its child processes) and the runner's cost model starts
+from real measurements.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -14,17 +15,16 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeinfer.backends import Backend, load_backend, request_runner
-from edgeinfer.backends import python as python_backend
-from edgeinfer.backends.pipeline import PipelineBackend
+from edgeinfer.backends import Backend, LoadContext, can_batch, load_backend
 from edgeinfer.batching.policy import BatchPolicy
 from edgeinfer.config import WarmupConfig
-from edgeinfer.errors import InvalidInput, ModelLoadError
+from edgeinfer.errors import InvalidInput, ModelLoadError, RowsMismatch
 from edgeinfer.protocol import json_codec
 from edgeinfer.protocol.datatypes import numpy_dtype
 from edgeinfer.protocol.types import TensorSpec
 from edgeinfer.repository.remote import fetch_url, is_remote
 from edgeinfer.repository.sources import ModelSource
+from edgeinfer.runners import Runner, Tensors, Work
 from edgeinfer.validation import check_request
 
 log = logging.getLogger(__name__)
@@ -38,55 +38,31 @@ class LoadedModel:
     backend: Backend
     policy: BatchPolicy
     load_s: float
-    warmup_s: float
     local_path: str
 
 
-def load_model(source: ModelSource) -> LoadedModel:
+def load_model(source: ModelSource, context: LoadContext) -> LoadedModel:
     started = time.perf_counter()
     path = source.path
     if path and is_remote(path):
         path = str(fetch_url(path, source.config.sha256, Path(source.cache_dir or ".")))
-    if source.instance is not None:
-        backend: Backend = python_backend.from_instance(source.instance)
-    elif source.config.backend == "pipeline":
-        assert source.config.pipeline is not None
-        backend = PipelineBackend(source.name, source.config.pipeline)
+    if source.instance is not None:  # given to Server.register: a Python model object or factory
+        from edgeinfer.backends import python
+
+        backend: Backend = python.from_registered(source.instance, source.config, source.name)
     else:
-        backend = load_backend(path, source.config)
-    loaded_at = time.perf_counter()
+        backend = load_backend(path, source.config, source.name, context)
     try:
         policy = batch_policy(source, backend)
-        # a pipeline's steps are warmed up as the models they are
-        warm = not isinstance(backend, PipelineBackend)
-        synthetic, samples = warmup(backend, policy, source.config.warmup) if warm else (0, 0)
     except ModelLoadError:
         backend.close()
         raise
-    finished = time.perf_counter()
-    log.info(
-        "loaded model %s version %s on %s in %.0f ms (warmup %.0f ms: %d synthetic runs, %d samples), "
-        "max_batch_size %d",
-        source.name,
-        source.version,
-        backend.execution_provider,
-        (loaded_at - started) * 1000,
-        (finished - loaded_at) * 1000,
-        synthetic,
-        samples,
-        policy.max_batch_size,
-    )
-    return LoadedModel(source, backend, policy, loaded_at - started, finished - loaded_at, path)
-
-
-def can_batch(backend: Backend) -> bool:
-    """Batching needs a dynamic first dimension on every input and output."""
-    return all(spec.shape and spec.shape[0] == -1 for spec in (*backend.inputs, *backend.outputs))
+    return LoadedModel(source, backend, policy, time.perf_counter() - started, path)
 
 
 def batch_policy(source: ModelSource, backend: Backend) -> BatchPolicy:
     config = source.config
-    batchable = can_batch(backend)
+    batchable = can_batch(backend.inputs, backend.outputs)
     max_batch_size = config.max_batch_size
     if max_batch_size is None:
         max_batch_size = DEFAULT_MAX_BATCH_SIZE if batchable else 0
@@ -107,36 +83,47 @@ def batch_policy(source: ModelSource, backend: Backend) -> BatchPolicy:
     )
 
 
-def warmup(backend: Backend, policy: BatchPolicy, config: WarmupConfig | None = None) -> tuple[int, int]:
-    """Run the model before it serves, so the first request is not the slow one; failure is fatal.
+@dataclass(frozen=True, slots=True)
+class WarmupReport:
+    synthetic: int
+    samples: int
+    seconds: float
+
+
+async def warm_up(
+    runner: Runner, backend: Backend, policy: BatchPolicy, config: WarmupConfig | None = None
+) -> WarmupReport:
+    """Run the model before it serves, so the first request is not the slow one.
 
     Synthetic zeros at each warmup batch size (default 1 and max_batch_size), with ``config.shapes``
     filling dimensions the model leaves dynamic (an input with dynamic dimensions and no configured
-    shape is skipped, logged at DEBUG), then every sample request file as it is.
+    shape is skipped, logged at DEBUG), then every sample request file as it is. A model that rejects
+    the zeros as a bad request (``ModelError``) has shown that it runs: that is logged and counts. Any
+    other failure, and any failure of a sample, fails the load.
     """
+    started = time.perf_counter()
     config = config or WarmupConfig()
-    if not config.enabled:
-        return 0, 0
+    if not config.enabled or not backend.warmup_applies:
+        return WarmupReport(0, 0, 0.0)
     synthetic = 0
     batching = policy.max_batch_size > 0
-    default_sizes = {1, policy.max_batch_size} if batching else {0}
-    if config.batch_sizes is not None:  # [] means: no synthetic runs, only the samples
-        batch_sizes = sorted(config.batch_sizes) if batching else ([0] if config.batch_sizes else [])
-    else:
-        batch_sizes = sorted(default_sizes) if batching else [0]
-    for batch_size in batch_sizes:
-        inputs: dict[str, np.ndarray] = {}
+    for batch_size in _batch_sizes(config, policy):
+        inputs: Tensors = {}
         for spec in backend.inputs:
             shape = _warmup_shape(spec, batch_size, config.shapes.get(spec.name))
             if shape is None:
                 log.debug(
                     "no synthetic warmup: input %r has dynamic dimensions %s", spec.name, list(spec.shape)
                 )
-                inputs = {}
                 break
             inputs[spec.name] = _zeros(spec, shape)
-        if inputs:
-            _run(backend, inputs, f"at batch size {batch_size}" if batching else "")
+        else:
+            where = f"at batch size {batch_size}" if batching else ""
+            rejected = await _run(runner, inputs, max(1, batch_size), where)
+            if rejected is not None:
+                log.info(
+                    "warmup %s: the model refused zeros as input (%s); it runs", where or "run", rejected
+                )
             synthetic += 1
     for sample in config.samples:
         try:
@@ -146,28 +133,38 @@ def warmup(backend: Backend, policy: BatchPolicy, config: WarmupConfig | None = 
         except InvalidInput as exc:
             raise ModelLoadError(f"warmup sample {sample} is not a valid V2 request: {exc}") from None
         try:
-            check_request("warmup", backend.inputs, backend.outputs, batching, request)
+            checked = check_request("warmup", backend.inputs, backend.outputs, batching, request)
         except InvalidInput as exc:
             raise ModelLoadError(f"warmup sample {sample} does not fit the model: {exc}") from None
-        _run(backend, request.inputs, f"on sample {sample}")
-    return synthetic, len(config.samples)
+        refused = await _run(runner, request.inputs, checked.rows, f"on sample {sample}", request.parameters)
+        if refused is not None:
+            raise ModelLoadError(f"warmup failed on sample {sample}: {refused}")
+    return WarmupReport(synthetic, len(config.samples), time.perf_counter() - started)
 
 
-def _run(backend: Backend, inputs: dict[str, np.ndarray], where: str) -> None:
-    runner = request_runner(backend)
+def _batch_sizes(config: WarmupConfig, policy: BatchPolicy) -> list[int]:
+    batching = policy.max_batch_size > 0
+    if config.batch_sizes is not None:  # [] means: no synthetic runs, only the samples
+        return sorted(config.batch_sizes) if batching else ([0] if config.batch_sizes else [])
+    return sorted({1, policy.max_batch_size}) if batching else [0]
+
+
+async def _run(
+    runner: Runner, inputs: Tensors, rows: int, where: str, parameters: dict[str, object] | None = None
+) -> str | None:
+    """Run one warmup request: None when it succeeded; what went wrong when the model ran but refused
+    the input (a ``ModelError``) or answered it with other row counts (unsplittable: made-up inputs
+    such as zeros may be filtered out by the model). Anything else fails the load."""
     try:
-        if runner is None:
-            backend.infer(inputs, None)
-        else:
-            run, is_async = runner
-            requests = [python_backend.Request(inputs)]
-            # an async model gets a loop of its own: warmup runs in a loader thread
-            results = asyncio.run(run(requests)) if is_async else run(requests)
-            if isinstance(results[0], BaseException):
-                raise results[0]
+        result = (await runner.run([Work(inputs, rows, parameters=dict(parameters or {}))])).results[0]
     except Exception as exc:
-        message = f"warmup failed {where}: {type(exc).__name__}: {exc}".replace("failed :", "failed:")
-        raise ModelLoadError(message) from None
+        result = exc
+    if isinstance(result, (InvalidInput, RowsMismatch)):
+        return f"{type(result).__name__}: {result}"
+    if isinstance(result, BaseException):
+        message = f"warmup failed {where}: {type(result).__name__}: {result}".replace("failed :", "failed:")
+        raise ModelLoadError(message)
+    return None
 
 
 def _warmup_shape(

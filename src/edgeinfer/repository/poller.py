@@ -15,11 +15,13 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from edgeinfer.errors import EdgeInferError
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 Fingerprint = tuple[tuple[str, int, int], ...]
 
 
@@ -49,8 +51,12 @@ class RepositoryPoller:
         load: Callable[[str], Awaitable[None]],
         unload: Callable[[str], Awaitable[None]],
         refresh: Callable[[], None] | None = None,
+        in_thread: bool = True,
     ) -> None:
+        """``in_thread`` False reads the repository on the event loop (a process that must stay free of
+        threads, the supervisor of forked workers; a directory scan takes milliseconds)."""
         self.root = root
+        self._in_thread = in_thread
         self._refresh = refresh
         self.interval_s = interval_s
         self._load = load
@@ -78,14 +84,13 @@ class RepositoryPoller:
                 log.warning("cannot read the model repository %s: %s", self.root, exc)
 
     async def poll_once(self) -> None:
-        loop = asyncio.get_running_loop()
         if self._refresh is not None:  # a remote repository: bring the local mirror up to date first
             try:
-                await loop.run_in_executor(None, self._refresh)
+                await self._blocking(self._refresh)
             except EdgeInferError as error:
                 log.warning("repository: %s", error)
                 return
-        current = await loop.run_in_executor(None, snapshot, self.root)
+        current = await self._blocking(lambda: snapshot(self.root))
         for name, print_now in current.items():
             if self._known.get(name) != print_now:
                 log.info("repository: model %s is new or changed; loading it", name)
@@ -94,6 +99,11 @@ class RepositoryPoller:
             log.info("repository: model %s was removed; unloading it", name)
             await self._apply(self._unload, name)
         self._known = current
+
+    async def _blocking(self, work: Callable[[], T]) -> T:
+        if self._in_thread:
+            return await asyncio.get_running_loop().run_in_executor(None, work)
+        return work()
 
     async def _apply(self, action: Callable[[str], Awaitable[None]], name: str) -> None:
         try:

@@ -1,4 +1,16 @@
-"""The loaded model versions, each with its state and batcher; requests are routed through here."""
+"""Every model version the server knows, one record each, and the only place versions change state.
+
+A record (``ModelVersion``) is created when a version is first seen and keeps its state for as long as
+the server runs: LOADING while it loads, READY while it serves, UNLOADING while it drains, and then
+UNAVAILABLE (unloaded, or failed with the reason), EVICTED (unloaded to save memory; its next request
+loads it again) or DEFERRED (on demand, never loaded yet). Over the wire, EVICTED and DEFERRED are
+Triton's UNAVAILABLE with the reason ``evicted``.
+
+Reloading follows Triton's lifecycle: the new versions are loaded and warmed up while the old ones keep
+serving; then new requests go to the new versions, the old ones finish what they had queued or running,
+and only then are they freed. If loading fails, the old versions keep serving and the record shows the
+failure and its reason.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +18,20 @@ import asyncio
 import enum
 import logging
 import os
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field, replace
 
-from edgeinfer.backends import Backend, request_runner
-from edgeinfer.backends.pipeline import PipelineBackend, StepRunner
+from edgeinfer.backends import Backend, LoadContext
 from edgeinfer.batching.batcher import Batcher, QueueLimits
 from edgeinfer.batching.policy import BatchPolicy
+from edgeinfer.batching.recorder import BatchRecorder
 from edgeinfer.config import ModelConfig
-from edgeinfer.errors import ModelEvicted, ModelLoadError, ModelNotFound, ModelNotReady
-from edgeinfer.metrics import Metrics
-from edgeinfer.repository.loader import LoadedModel, load_model
+from edgeinfer.errors import ModelEvicted, ModelLoadError, ModelNotFound
+from edgeinfer.metrics import Metrics, VersionGauges
+from edgeinfer.protocol.types import Parameters
+from edgeinfer.repository.loader import LoadedModel, load_model, warm_up
 from edgeinfer.repository.sources import ModelSource
+from edgeinfer.runners import Runner, RunnerSettings
 
 log = logging.getLogger(__name__)
 
@@ -28,27 +41,54 @@ class ModelState(str, enum.Enum):
     READY = "READY"
     UNLOADING = "UNLOADING"
     UNAVAILABLE = "UNAVAILABLE"
+    EVICTED = "EVICTED"  # unloaded to stay within the residency limits
+    DEFERRED = "DEFERRED"  # on demand: not loaded until its first request
+
+    @property
+    def wire(self) -> str:
+        """The state as Triton's clients know it."""
+        return "UNAVAILABLE" if self in (ModelState.EVICTED, ModelState.DEFERRED) else self.value
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False)
+class Serving:
+    """A loaded version wired for requests: backend, runner and batcher."""
+
+    backend: Backend
+    runner: Runner
+    batcher: Batcher
+    policy: BatchPolicy
+    file_bytes: int
+    load_s: float
+    warmup_s: float
+    output_parameters: dict[str, Parameters]
+
+    async def retire(self) -> None:
+        """Answer what is queued and running, then free the model."""
+        await self.batcher.drain()
+        await self.runner.close()
+        self.backend.close()
+
+
+@dataclass(eq=False)
 class ModelVersion:
-    """One servable version. ``backend`` and ``batcher`` are set while it is READY."""
+    """One version of one model, whatever its state. ``serving`` is set while READY or UNLOADING."""
 
     name: str
     version: str
     config: ModelConfig
-    state: ModelState
-    backend: Backend
-    batcher: Batcher
-    policy: BatchPolicy
-    executor: ThreadPoolExecutor
-    file_bytes: int = 0
+    recorder: BatchRecorder  # statistics and metrics, cumulative over every load of this version
+    state: ModelState = ModelState.LOADING
     reason: str = ""
+    serving: Serving | None = field(default=None, repr=False)
+    loaded_as: VersionGauges | None = None  # how it last loaded (provider, load time), for metrics
 
-    def close(self) -> None:
-        """Free the model; called once its batcher has drained."""
-        self.backend.close()
-        self.executor.shutdown(wait=False)
+    @property
+    def wire_reason(self) -> str:
+        return "evicted" if self.state in (ModelState.EVICTED, ModelState.DEFERRED) else self.reason
+
+
+_NONE: dict[str, ModelVersion] = {}
 
 
 def version_key(version: str) -> tuple[int, int, str]:
@@ -56,51 +96,60 @@ def version_key(version: str) -> tuple[int, int, str]:
     return (1, int(version), "") if version.isdigit() else (0, 0, version)
 
 
-@dataclass(frozen=True, slots=True)
-class IndexEntry:
-    """One line of the repository index (Triton's layout)."""
-
-    name: str
-    version: str
-    state: ModelState
-    reason: str
-
-
 class Registry:
-    """Every model version the server knows, and the only place versions are added, swapped or retired.
+    """Each version gets its own runner (worker threads, child processes) created when it loads, so a
+    slow model cannot take the threads of a fast one."""
 
-    Each version gets its own worker threads (``max_concurrent_batches + prefetch_batches``, created on
-    first use), so a slow model cannot take the threads of a fast one.
-
-    Reloading follows Triton's lifecycle: the new versions are loaded and warmed up while the old ones
-    keep serving; then new requests go to the new versions, the old ones finish what they had queued or
-    running, and only then are they freed. If loading fails, the old versions keep serving and the
-    index shows the failure and its reason.
-    """
-
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, context: LoadContext | None = None) -> None:
         self._metrics = metrics
+        self._context = context or LoadContext()
         self._models: dict[str, dict[str, ModelVersion]] = {}
-        self._failures: dict[tuple[str, str], str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._deferred: dict[str, list[ModelSource]] = {}  # on_demand models never loaded yet
-        self._loading: set[tuple[str, str]] = set()  # versions being loaded by a reload, for the index
-        self.last_used: dict[str, float] = {}
-        self.step_runner: StepRunner | None = None  # set by the service: how pipeline steps reach models
+
+    # ---- changing state ----
 
     def defer(self, sources: Iterable[ModelSource]) -> None:
         """List models that load on their first request (residency: on_demand) without loading them."""
         for source in sources:
-            self._deferred.setdefault(source.name, []).append(source)
+            self._record(source.name, source.version, source.config).state = ModelState.DEFERRED
 
-    def is_evicted(self, name: str) -> bool:
-        """No version serves because of residency (evicted, or on demand and never loaded)."""
-        versions = self._models.get(name)
-        if not versions:
-            return name in self._deferred
-        return all(
-            entry.state is ModelState.UNAVAILABLE and entry.reason == "evicted" for entry in versions.values()
-        )
+    async def load(self, sources: Iterable[ModelSource]) -> None:
+        """Start-up: load and warm up every source concurrently; any failure fails the whole call."""
+        sources = list(sources)
+        failures = await self._load_all(sources, replacing=False)
+        if failures:
+            raise ModelLoadError("cannot load every model:\n  " + "\n  ".join(failures))
+
+    async def reload(self, name: str, sources: list[ModelSource]) -> None:
+        """Serve exactly ``sources`` for model ``name``: load them, switch over, retire what they replace.
+
+        Raises ModelLoadError (after recording it in the index) if any source fails; then nothing
+        changes for the versions already serving.
+        """
+        async with self._lock(name):
+            failures = await self._load_all(sources, replacing=True)
+            if failures:
+                raise ModelLoadError(f"cannot load model {name!r}:\n  " + "\n  ".join(failures))
+            keep = {source.version for source in sources}
+            leaving = [
+                entry
+                for entry in self._models.get(name, {}).values()
+                if entry.version not in keep and entry.state is ModelState.READY
+            ]
+            await asyncio.gather(
+                *(self._retire(entry, ModelState.UNAVAILABLE, "unloaded") for entry in leaving)
+            )
+
+    async def unload(self, name: str) -> None:
+        """Stop serving every version of ``name``; queued and running requests are answered first."""
+        async with self._lock(name):
+            versions = self._models.get(name)
+            if not versions:
+                raise ModelNotFound(f"unknown model {name!r}")
+            ready = [entry for entry in versions.values() if entry.state is ModelState.READY]
+            await asyncio.gather(
+                *(self._retire(entry, ModelState.UNAVAILABLE, "unloaded") for entry in ready)
+            )
 
     async def evict(self, name: str) -> None:
         """Unload every version of ``name`` to free memory; it loads again on its next request."""
@@ -108,7 +157,160 @@ class Registry:
             ready = [
                 entry for entry in self._models.get(name, {}).values() if entry.state is ModelState.READY
             ]
-            await asyncio.gather(*(self._retire(entry, "evicted") for entry in ready))
+            await asyncio.gather(*(self._retire(entry, ModelState.EVICTED, "evicted") for entry in ready))
+
+    async def close(self) -> None:
+        """Answer what is queued, then free every model."""
+        await asyncio.gather(
+            *(self._retire(entry, ModelState.UNAVAILABLE, "server stopped") for entry in self.loaded())
+        )
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
+
+    def _record(self, name: str, version: str, config: ModelConfig) -> ModelVersion:
+        versions = self._models.setdefault(name, {})
+        entry = versions.get(version)
+        if entry is None:
+            recorder = BatchRecorder(self._metrics.model(name, version))
+            entry = versions[version] = ModelVersion(name, version, config, recorder)
+        return entry
+
+    async def _load_all(self, sources: list[ModelSource], replacing: bool) -> list[str]:
+        """Load ``sources`` concurrently and install what loaded; one reason per version that did not.
+
+        With ``replacing``, nothing is installed unless every source loaded (a reload is all or nothing).
+        """
+        for source in sources:
+            entry = self._record(source.name, source.version, source.config)
+            # an evicted version stays EVICTED while it loads, so its requests wait for this load
+            if entry.state not in (ModelState.READY, ModelState.EVICTED, ModelState.DEFERRED):
+                entry.state, entry.reason = ModelState.LOADING, ""
+        results = await asyncio.gather(*(self._prepare(source) for source in sources), return_exceptions=True)
+        failures: list[str] = []
+        for source, result in zip(sources, results, strict=True):
+            if isinstance(result, BaseException):
+                reason = f"model {source.name!r} version {source.version} ({source.path}): {result}"
+                failures.append(reason)
+                entry = self._models[source.name][source.version]
+                if entry.state is not ModelState.READY:
+                    entry.state, entry.reason = ModelState.UNAVAILABLE, reason
+        prepared = [(s, r) for s, r in zip(sources, results, strict=True) if isinstance(r, Serving)]
+        if failures and replacing:
+            await asyncio.gather(*(serving.retire() for _, serving in prepared))
+            return failures
+        replaced: list[Serving] = []
+        for source, serving in prepared:
+            entry = self._models[source.name][source.version]
+            if entry.serving is not None and entry.state is ModelState.READY:
+                log.info(
+                    "model %s version %s replaced; the old one finishes its queue",
+                    source.name,
+                    source.version,
+                )
+                replaced.append(entry.serving)
+            entry.config, entry.serving = source.config, serving
+            entry.state, entry.reason = ModelState.READY, ""
+            entry.loaded_as = VersionGauges(
+                name=source.name,
+                version=source.version,
+                ready=True,
+                load_s=serving.load_s + serving.warmup_s,
+                warmup_s=serving.warmup_s,
+                backend=source.config.backend,
+                execution_provider=serving.backend.execution_provider,
+            )
+        await asyncio.gather(*(serving.retire() for serving in replaced))
+        return failures
+
+    async def _prepare(self, source: ModelSource) -> Serving:
+        """Load (in a worker thread), wire and warm up one version, without installing it."""
+        loaded = await asyncio.get_running_loop().run_in_executor(None, load_model, source, self._context)
+        serving = self._wire(loaded, self._models[source.name][source.version].recorder)
+        try:
+            report = await warm_up(serving.runner, loaded.backend, loaded.policy, source.config.warmup)
+        except BaseException:
+            await serving.retire()
+            raise
+        serving.warmup_s = report.seconds
+        log.info(
+            "loaded model %s version %s on %s in %.0f ms (warmup %.0f ms: %d synthetic runs, %d samples), "
+            "max_batch_size %d",
+            source.name, source.version, loaded.backend.execution_provider, loaded.load_s * 1000,
+            report.seconds * 1000, report.synthetic, report.samples, loaded.policy.max_batch_size,
+        )  # fmt: skip
+        return serving
+
+    def _wire(self, loaded: LoadedModel, recorder: BatchRecorder) -> Serving:
+        source, config, backend = loaded.source, loaded.source.config, loaded.backend
+        settings = RunnerSettings(
+            name=f"{source.name}-{source.version}",
+            concurrency=config.max_concurrent_batches,
+            prefetch=config.prefetch_batches,
+            inline_max_s=config.inline_max_us / 1e6,
+            batching=loaded.policy.max_batch_size > 0,
+        )
+        runner = backend.runner(settings)
+        limits = QueueLimits(
+            max_queue_size=config.max_queue_size,
+            queue_timeout_s=config.queue_timeout_millis / 1000 if config.queue_timeout_millis else None,
+        )
+        batcher = Batcher(
+            f"{source.name!r} version {source.version}", runner, loaded.policy, limits, recorder
+        )
+        return Serving(
+            backend=backend,
+            runner=runner,
+            batcher=batcher,
+            policy=loaded.policy,
+            file_bytes=os.path.getsize(loaded.local_path) if loaded.local_path else 0,
+            load_s=loaded.load_s,
+            warmup_s=0.0,
+            output_parameters={
+                spec.name: {"content_type": spec.content_type}
+                for spec in backend.outputs
+                if spec.content_type
+            },
+        )
+
+    async def _retire(self, entry: ModelVersion, state: ModelState, reason: str) -> None:
+        serving = entry.serving
+        entry.state = ModelState.UNLOADING
+        if serving is not None:
+            await serving.retire()
+        entry.serving = None
+        entry.state, entry.reason = state, reason
+
+    # ---- reading ----
+
+    def get(self, name: str, version: str) -> ModelVersion:
+        """One named version, whatever its state. Raises if unknown, or evicted (so it loads again)."""
+        versions = self._models.get(name)
+        if not versions:
+            raise ModelNotFound(f"unknown model {name!r}")
+        entry = versions.get(version)
+        if entry is None:
+            known = ", ".join(sorted(versions, key=version_key))
+            raise ModelNotFound(f"model {name!r} has no version {version!r}; its versions are: {known}")
+        if entry.state in (ModelState.EVICTED, ModelState.DEFERRED):
+            raise ModelEvicted(f"model {name!r} version {version} was evicted to save memory")
+        return entry
+
+    def knows(self, name: str) -> bool:
+        return name in self._models
+
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+    def entries(self, name: str) -> Collection[ModelVersion]:
+        """The versions of ``name`` in no particular order (the request path's cheap view)."""
+        return self._models.get(name, _NONE).values()
+
+    def versions(self, name: str) -> list[ModelVersion]:
+        return sorted(self._models.get(name, {}).values(), key=lambda entry: version_key(entry.version))
 
     def loaded(self) -> list[ModelVersion]:
         return [
@@ -118,207 +320,23 @@ class Registry:
             if entry.state is ModelState.READY
         ]
 
-    async def load(self, sources: Iterable[ModelSource]) -> None:
-        """Start-up: load and warm up every source concurrently; any failure fails the whole call."""
-        loaded, failures = await _load_all(list(sources))
-        for model in loaded:
-            self._install(self._make_entry(model))
-        if failures:
-            raise ModelLoadError("cannot load every model:\n  " + "\n  ".join(failures.values()))
+    def index(self) -> list[ModelVersion]:
+        """Every version known, sorted by name and version."""
+        return [entry for name in self.names() for entry in self.versions(name)]
 
-    async def reload(self, name: str, sources: list[ModelSource]) -> None:
-        """Serve exactly ``sources`` for model ``name``: load them, switch over, retire what they replace.
-
-        Raises ModelLoadError (after recording it in the index) if any source fails; then nothing
-        changes for the versions already serving.
-        """
-        async with self._lock(name):
-            loading = {(source.name, source.version) for source in sources}
-            self._loading |= loading
-            try:
-                loaded, failures = await _load_all(sources)
-            finally:
-                self._loading -= loading
-            if failures:
-                for model in loaded:
-                    model.backend.close()
-                for (model_name, version), reason in failures.items():
-                    self._failures[model_name, version] = reason
-                raise ModelLoadError(f"cannot load model {name!r}:\n  " + "\n  ".join(failures.values()))
-            old = dict(self._models.get(name, {}))
-            self._deferred.pop(name, None)
-            for model in loaded:
-                self._failures.pop((name, model.source.version), None)
-                self._install(self._make_entry(model))
-            keep = {model.source.version for model in loaded}
-            retiring = [entry for version, entry in old.items() if entry.state is ModelState.READY]
-            for entry in retiring:
-                if entry.version in keep:
-                    log.info(
-                        "model %s version %s replaced; the old one finishes its queue", name, entry.version
-                    )
-                else:
-                    self._models[name][entry.version] = entry  # stays listed while it drains
-            await asyncio.gather(*(self._retire(entry, "unloaded") for entry in retiring))
-
-    async def unload(self, name: str) -> None:
-        """Stop serving every version of ``name``; queued and running requests are answered first."""
-        async with self._lock(name):
-            versions = self._models.get(name)
-            if not versions:
-                raise ModelNotFound(f"unknown model {name!r}")
-            ready = [entry for entry in versions.values() if entry.state is ModelState.READY]
-            await asyncio.gather(*(self._retire(entry, "unloaded") for entry in ready))
-
-    def _lock(self, name: str) -> asyncio.Lock:
-        lock = self._locks.get(name)
-        if lock is None:
-            lock = self._locks[name] = asyncio.Lock()
-        return lock
-
-    async def _retire(self, entry: ModelVersion, reason: str) -> None:
-        entry.state = ModelState.UNLOADING
-        entry.batcher.metrics.ready = False
-        await entry.batcher.drain()
-        entry.close()
-        entry.state = ModelState.UNAVAILABLE
-        entry.reason = reason
-
-    def _install(self, entry: ModelVersion) -> None:
-        self._models.setdefault(entry.name, {})[entry.version] = entry
-        entry.batcher.metrics.ready = True
-
-    def _make_entry(self, loaded: LoadedModel) -> ModelVersion:
-        source = loaded.source
-        config = source.config
-        metrics = self._metrics.model(source.name, source.version)
-        metrics.backend = config.backend
-        metrics.execution_provider = loaded.backend.execution_provider
-        metrics.load_s = loaded.load_s + loaded.warmup_s
-        metrics.warmup_s = loaded.warmup_s
-        limits = QueueLimits(
-            max_queue_size=config.max_queue_size,
-            max_concurrent_batches=config.max_concurrent_batches,
-            prefetch_batches=config.prefetch_batches,
-            queue_timeout_s=config.queue_timeout_millis / 1000 if config.queue_timeout_millis else None,
-            # Python code may block: it never runs on the event loop
-            inline_max_s=config.inline_max_us / 1e6 if config.backend == "onnxruntime" else 0.0,
-        )
-        executor = ThreadPoolExecutor(
-            max_workers=min(64, limits.max_concurrent_batches + limits.prefetch_batches),
-            thread_name_prefix=f"edgeinfer-{source.name}-{source.version}",
-        )
-        backend = loaded.backend
-        if isinstance(backend, PipelineBackend):
-            # a pipeline request mostly waits for its steps: many run at once, on the event loop
-            limits = QueueLimits(
-                max_queue_size=config.max_queue_size,
-                max_concurrent_batches=max(config.max_concurrent_batches, 1024),
-                queue_timeout_s=limits.queue_timeout_s,
+    def gauges(self) -> list[VersionGauges]:
+        """The live state of every version that ever loaded, for a metrics scrape."""
+        gauges = []
+        for entry in self.index():
+            if entry.loaded_as is None:
+                continue
+            serving = entry.serving
+            gauges.append(
+                replace(
+                    entry.loaded_as,
+                    ready=entry.state is ModelState.READY,
+                    queue_length=serving.batcher.queue_length if serving else 0,
+                    inflight=serving.batcher.outstanding if serving else 0,
+                )
             )
-            if self.step_runner is not None:
-                backend.bind(self.step_runner)
-        runner = request_runner(backend)
-        batcher = Batcher(
-            name=f"{source.name!r} version {source.version}",
-            run=backend.infer,
-            policy=loaded.policy,
-            limits=limits,
-            executor=executor,
-            metrics=metrics,
-            run_requests=runner[0] if runner else None,
-            async_requests=runner is not None and runner[1],
-        )
-        return ModelVersion(
-            name=source.name,
-            version=source.version,
-            config=config,
-            state=ModelState.READY,
-            backend=loaded.backend,
-            batcher=batcher,
-            policy=loaded.policy,
-            executor=executor,
-            file_bytes=os.path.getsize(loaded.local_path) if loaded.local_path else 0,
-        )
-
-    def get(self, name: str, version: str | None = None) -> ModelVersion:
-        """The version to serve: the named one, or the highest READY one. Raises if none can serve."""
-        versions = self._models.get(name)
-        if not versions:
-            if name in self._deferred:
-                raise ModelEvicted(f"model {name!r} is loaded on demand and not loaded yet")
-            raise ModelNotFound(f"unknown model {name!r}")
-        if version is None:
-            ready = [entry for entry in versions.values() if entry.state is ModelState.READY]
-            if not ready:
-                if self.is_evicted(name):
-                    raise ModelEvicted(f"model {name!r} was evicted to save memory")
-                raise ModelNotReady(f"model {name!r} has no version ready to serve")
-            return max(ready, key=lambda entry: version_key(entry.version))
-        entry = versions.get(version)
-        if entry is None:
-            known = ", ".join(sorted(versions, key=version_key))
-            raise ModelNotFound(f"model {name!r} has no version {version!r}; its versions are: {known}")
-        if entry.state is ModelState.UNAVAILABLE and entry.reason == "evicted":
-            raise ModelEvicted(f"model {name!r} version {version} was evicted to save memory")
-        return entry
-
-    def names(self) -> list[str]:
-        return sorted(self._models)
-
-    def versions(self, name: str) -> list[ModelVersion]:
-        return sorted(self._models.get(name, {}).values(), key=lambda entry: version_key(entry.version))
-
-    def index(self) -> list[IndexEntry]:
-        """Every version known, with its state; failed loads appear as UNAVAILABLE with the reason."""
-        entries = [
-            IndexEntry(entry.name, entry.version, entry.state, entry.reason)
-            for versions in self._models.values()
-            for entry in versions.values()
-        ]
-        entries += [
-            IndexEntry(source.name, source.version, ModelState.UNAVAILABLE, "evicted")
-            for sources in self._deferred.values()
-            for source in sources
-        ]
-        known = {(entry.name, entry.version) for entry in entries}
-        entries += [
-            IndexEntry(name, version, ModelState.LOADING, "")
-            for name, version in self._loading
-            if (name, version) not in known
-        ]
-        known |= self._loading
-        entries += [
-            IndexEntry(name, version, ModelState.UNAVAILABLE, reason)
-            for (name, version), reason in self._failures.items()
-            if (name, version) not in known
-        ]
-        return sorted(entries, key=lambda entry: (entry.name, version_key(entry.version)))
-
-    async def close(self) -> None:
-        """Answer what is queued, then free every model."""
-        entries = [
-            entry
-            for versions in self._models.values()
-            for entry in versions.values()
-            if entry.state is ModelState.READY
-        ]
-        await asyncio.gather(*(self._retire(entry, "server stopped") for entry in entries))
-
-
-async def _load_all(sources: list[ModelSource]) -> tuple[list[LoadedModel], dict[tuple[str, str], str]]:
-    """Load sources concurrently in worker threads: (what loaded, reason per version that did not)."""
-    loop = asyncio.get_running_loop()
-    results = await asyncio.gather(
-        *(loop.run_in_executor(None, load_model, source) for source in sources), return_exceptions=True
-    )
-    loaded: list[LoadedModel] = []
-    failures: dict[tuple[str, str], str] = {}
-    for source, result in zip(sources, results, strict=True):
-        if isinstance(result, BaseException):
-            failures[source.name, source.version] = (
-                f"model {source.name!r} version {source.version} ({source.path}): {result}"
-            )
-        else:
-            loaded.append(result)
-    return loaded, failures
+        return gauges

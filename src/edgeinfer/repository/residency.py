@@ -8,6 +8,7 @@
 
 An evicted model stays listed (UNAVAILABLE, reason ``evicted``) and its next request loads it again;
 concurrent first requests share one load. Loading goes through the same path as the repository API.
+With ``workers: N`` each worker keeps its own models within the limits.
 """
 
 from __future__ import annotations
@@ -33,11 +34,18 @@ class Residency:
         self.registry = registry
         self.limits = limits
         self._load = load
+        self._last_used: dict[str, float] = {}
         self._loading: dict[str, asyncio.Task[None]] = {}
         self._idle_task: asyncio.Task[None] | None = None
 
     def touch(self, name: str) -> None:
-        self.registry.last_used[name] = time.monotonic()
+        """``name`` was just loaded: it is the last to be evicted. (Requests are seen by the batchers.)"""
+        self._last_used[name] = time.monotonic()
+
+    def _used_at(self, entry: ModelVersion) -> float:
+        """When ``entry``'s model was last used: loaded, or sent a request."""
+        loaded = self._last_used.get(entry.name, 0.0)
+        return max(loaded, entry.serving.batcher.last_submit) if entry.serving is not None else loaded
 
     def load_evicted(self, name: str) -> asyncio.Task[None]:
         """Load an evicted (or not yet loaded on-demand) model; callers at the same time share one load."""
@@ -58,14 +66,12 @@ class Residency:
             candidates = [
                 entry
                 for entry in self.registry.loaded()
-                if entry.config.residency != "resident"
-                and entry.name != keep
-                and entry.batcher.outstanding == 0
+                if entry.config.residency != "resident" and entry.name != keep and not _busy(entry)
             ]
             if not candidates:
                 log.warning("over the residency limits, but every loaded model is resident or busy")
                 return
-            victim = min(candidates, key=lambda entry: self.registry.last_used.get(entry.name, 0.0))
+            victim = min(candidates, key=self._used_at)
             log.info(
                 "evicting model %s (least recently used) to stay within the residency limits", victim.name
             )
@@ -99,12 +105,16 @@ class Residency:
             now = time.monotonic()
             for entry in self.registry.loaded():
                 idle_s = entry.config.idle_unload_s
-                if entry.config.residency != "on_demand" or idle_s is None or entry.batcher.outstanding:
+                if entry.config.residency != "on_demand" or idle_s is None or _busy(entry):
                     continue
-                if now - self.registry.last_used.get(entry.name, now) >= idle_s:
+                if now - self._used_at(entry) >= idle_s:
                     log.info("unloading model %s after %.0f s without requests", entry.name, idle_s)
                     await self.registry.evict(entry.name)
 
 
+def _busy(entry: ModelVersion) -> bool:
+    return entry.serving is not None and entry.serving.batcher.outstanding > 0
+
+
 def _estimate_bytes(entry: ModelVersion, factor: float) -> float:
-    return entry.file_bytes * factor
+    return (entry.serving.file_bytes if entry.serving else 0) * factor

@@ -1,26 +1,33 @@
-"""The composition root: builds the registry, the core service and the transports, and runs them.
+"""The composition root: builds the registry, router, core service and transports, and runs them.
 
 ``Server`` is used by the CLI and is the programmatic way to run edgeinfer::
 
     server = Server(load_config("config.yaml"))
-    server.run()                      # blocking, until SIGINT/SIGTERM
+    server.run()                      # blocking, until SIGINT/SIGTERM (workers: N forks N processes)
 
-    await server.start(); ...; await server.stop()   # embedded in an event loop
+    await server.start(); ...; await server.stop()   # embedded in an event loop (one process)
+
+With ``server.workers`` above one, ``run`` hands over to ``workers.Supervisor``, which forks worker
+processes that each run ``serve(worker=...)``: the same server, given the listening socket it inherited
+and a link to the supervisor for everything that concerns the whole server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
 import socket
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgeinfer.backends.python import Model
+from edgeinfer.backends import LoadContext
 from edgeinfer.config import Config, ModelConfig, ServerConfig, parse
 from edgeinfer.errors import ConfigError
 from edgeinfer.logs import AccessLog
@@ -28,15 +35,30 @@ from edgeinfer.metrics import Metrics
 from edgeinfer.repository.poller import RepositoryPoller
 from edgeinfer.repository.registry import Registry
 from edgeinfer.repository.remote import S3Mirror, is_remote
+from edgeinfer.repository.residency import Residency
+from edgeinfer.repository.router import Router
 from edgeinfer.repository.sources import ModelSource, discover, discover_model
 from edgeinfer.server.http import MetricsRoutes, V2Routes, error_response
 from edgeinfer.server.http_protocol import HttpServer
-from edgeinfer.service import InferenceService
+from edgeinfer.service import Cluster, InferenceService
 
 if TYPE_CHECKING:
     from edgeinfer.server.grpc import GrpcServer
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerRole:
+    """What a worker process gets from its supervisor: the listening HTTP socket it inherited, the gRPC
+    port to share, and the link for server-wide operations. ``serving`` returns once every worker has
+    loaded its models (at once for a worker that replaces one that died)."""
+
+    index: int
+    http_socket: socket.socket
+    grpc_port: int | None
+    cluster: Cluster
+    serving: Callable[[], Awaitable[None]]
 
 
 class Server:
@@ -53,35 +75,57 @@ class Server:
         for folder in config.python_path:  # where the config's Python models live
             if folder not in sys.path:
                 sys.path.insert(0, folder)
-        self._sources = discover(config)
-        self.metrics = Metrics()
-        self.registry = Registry(self.metrics)
-        access_log = AccessLog(config.logging.access_log, config.logging.access_log_sample_rate)
-        self.service = InferenceService(
-            self.registry, self.metrics, access_log, self._discover, config.residency
-        )
+        discover(config)  # a configuration error shows now, before anything listens
+        self._registered: list[ModelSource] = []
+        self.service: InferenceService | None = None
         self._http: HttpServer | None = None
         self._metrics_http: HttpServer | None = None
         self._grpc: GrpcServer | None = None
         self._poller: RepositoryPoller | None = None
         self._http_socket: socket.socket | None = None
+        self._started = False
 
-    def register(self, model: Model, name: str, version: str = "1", **settings: Any) -> None:
-        """Serve a Python model object; ``settings`` are per-model config keys (``max_batch_size``,
-        ``max_batch_time``, ``max_queue_size``, ...). Call before ``start``/``run``."""
-        if self._http is not None:
+    def register(self, model: Any, name: str, version: str = "1", **settings: Any) -> None:
+        """Serve a Python model: an ``edgeinfer.Model`` object, or its class or a factory that builds one
+        (then each worker process builds its own). ``settings`` are per-model config keys
+        (``max_batch_size``, ``max_batch_time``, ``kind``, ``instances``, ...). Call before ``start`` or
+        ``run``."""
+        if self._started:
             raise ConfigError("register models before the server starts")
-        model_class = f"{type(model).__module__}:{type(model).__qualname__}"
+        cls = model if isinstance(model, type) else type(model)
+        model_class = f"{cls.__module__}:{cls.__qualname__}"
         config = parse(
             ModelConfig, {"backend": "python", "model_class": model_class, **settings}, f"{name!r}"
         )
-        self._sources.append(ModelSource(name, version, "", config, instance=model))
+        self._registered.append(ModelSource(name, version, "", config, instance=model))
 
     def _discover(self, name: str, override: dict[str, Any] | None) -> list[ModelSource]:
         """The versions of one model now (for load requests), refreshing a remote mirror first."""
         if self._mirror is not None:
             self._mirror.sync()
         return discover_model(self.config, name, override)
+
+    def _build(self, cluster: Cluster | None) -> InferenceService:
+        """Wire one process's core: metrics, registry, router, residency, service."""
+        config = self.config
+        metrics = Metrics()
+        service: InferenceService | None = None
+
+        async def run_step(model: str, version: str | None, request: Any) -> Any:
+            assert service is not None
+            return await service.run_step(model, version, request)
+
+        async def load_local(name: str) -> None:
+            assert service is not None
+            await service.local_load(name)
+
+        registry = Registry(metrics, LoadContext(run_step=run_step))
+        residency = Residency(registry, config.residency, load_local)
+        access_log = AccessLog(config.logging.access_log, config.logging.access_log_sample_rate)
+        service = InferenceService(
+            registry, Router(registry), residency, metrics, access_log, self._discover, cluster
+        )
+        return service
 
     @property
     def http_port(self) -> int:
@@ -90,56 +134,89 @@ class Server:
         port: int = self._http_socket.getsockname()[1]
         return port
 
-    async def start(self) -> None:
-        """Bind the HTTP port (liveness answers at once), load and warm up every model, then report ready."""
+    async def start(self, worker: WorkerRole | None = None) -> None:
+        """Bind the HTTP port (liveness answers at once), load and warm up every model, then report ready.
+
+        A worker process listens only once every worker is loaded (the supervisor answers probes until
+        then), leaves the metrics port and repository polling to the supervisor, and shares the gRPC port.
+        """
         started = time.perf_counter()
+        self._started = True
         server_config = self.config.server
-        self._http_socket = _bind(server_config.host, server_config.http_port)
-        routes = V2Routes(self.service, server_config.max_request_bytes, server_config.compress_min_bytes)
-        self._http = HttpServer(routes, error_response, server_config.max_request_bytes)
-        await self._http.start(self._http_socket)
-        if server_config.metrics_port is not None:
-            metrics_socket = _bind(server_config.host, server_config.metrics_port, "metrics")
-            self._metrics_http = HttpServer(MetricsRoutes(self.metrics), error_response, 64 * 1024)
-            await self._metrics_http.start(metrics_socket)
-        if server_config.grpc_port is not None:
-            await self._start_grpc(
-                server_config.host, server_config.grpc_port, server_config.max_request_bytes
-            )
-        on_demand = [source for source in self._sources if source.config.residency == "on_demand"]
-        self.registry.defer(on_demand)
+        service = self.service = self._build(worker.cluster if worker else None)
+        if worker is None:
+            await self._listen(bind(server_config.host, server_config.http_port), server_config.grpc_port)
+            if server_config.metrics_port is not None:
+                metrics_socket = bind(server_config.host, server_config.metrics_port, "metrics")
+                self._metrics_http = HttpServer(
+                    MetricsRoutes(service.metrics_exposition), error_response, 64 * 1024
+                )
+                await self._metrics_http.start(metrics_socket)
+        sources = [*discover(self.config), *self._registered]
+        on_demand = [source for source in sources if source.config.residency == "on_demand"]
+        service.registry.defer(on_demand)
         try:
-            await self.registry.load(source for source in self._sources if source not in on_demand)
-            await self.service.residency.enforce()
+            await service.registry.load(source for source in sources if source not in on_demand)
+            await service.residency.enforce()
         except BaseException:
             await self.stop()
             raise
-        self.service.residency.start()
-        interval = self.config.repository.poll_interval_s
-        if interval is not None and self.config.model_store_path is not None:
-            root = Path(self.config.model_store_path)
-            refresh = self._mirror.sync if self._mirror is not None else None
-            self._poller = RepositoryPoller(
-                root, interval, self.service.load_model, self.service.unload_model, refresh
-            )
-            self._poller.start()
+        service.residency.start()
+        if worker is None:
+            self._start_poller()
+        else:
+            await worker.serving()
+            await self._listen(worker.http_socket, worker.grpc_port)
         # Models, sessions and module state live for the whole run: move them out of the collector's
         # reach so that garbage collections triggered by request traffic stay short (tail latency).
         gc.freeze()
-        self.service.set_ready(True)
+        service.set_ready(True)
         log.info(
-            "ready in %.0f ms: %d model version(s), HTTP on %s:%d, gRPC on %s",
+            "%sready in %.0f ms: %d model version(s), HTTP on %s:%d, gRPC on %s",
+            f"worker {worker.index} " if worker else "",
             (time.perf_counter() - started) * 1000,
-            len(self._sources),
+            len(sources),
             server_config.host,
             self.http_port,
             self.grpc_port or "(off)",
         )
 
+    async def _listen(self, http_socket: socket.socket, grpc_port: int | None) -> None:
+        assert self.service is not None
+        server_config = self.config.server
+        self._http_socket = http_socket
+        routes = V2Routes(self.service, server_config.max_request_bytes, server_config.compress_min_bytes)
+        self._http = HttpServer(routes, error_response, server_config.max_request_bytes)
+        await self._http.start(http_socket)
+        if grpc_port is not None:
+            await self._start_grpc(server_config.host, grpc_port, server_config.max_request_bytes)
+
+    def _start_poller(self) -> None:
+        assert self.service is not None
+        self._poller = self.repository_poller(self.service.load_model, self.service.unload_model)
+        if self._poller is not None:
+            self._poller.start()
+
+    def repository_poller(
+        self,
+        load: Callable[[str], Awaitable[None]],
+        unload: Callable[[str], Awaitable[None]],
+        in_thread: bool = True,
+    ) -> RepositoryPoller | None:
+        """A poller of the model repository calling ``load`` and ``unload`` on changes, if configured
+        (the supervisor runs it with workers, without threads: see ``workers``)."""
+        interval = self.config.repository.poll_interval_s
+        if interval is None or self.config.model_store_path is None:
+            return None
+        refresh = self._mirror.sync if self._mirror is not None else None
+        root = Path(self.config.model_store_path)
+        return RepositoryPoller(root, interval, load, unload, refresh, in_thread=in_thread)
+
     async def _start_grpc(self, host: str, port: int, max_message_bytes: int) -> None:
         # grpcio costs memory and start-up time; it is imported only when the gRPC port is on.
         from edgeinfer.server.grpc import GrpcServer
 
+        assert self.service is not None
         self._grpc = GrpcServer(self.service, max_message_bytes)
         try:
             await self._grpc.start(host, port)
@@ -154,11 +231,14 @@ class Server:
 
     async def stop(self) -> None:
         """Stop taking connections, answer what is queued, free the models."""
-        self.service.set_ready(False)
+        service = self.service
+        if service is not None:
+            service.set_ready(False)
         if self._poller is not None:
             await self._poller.stop()
             self._poller = None
-        await self.service.residency.stop()
+        if service is not None:
+            await service.residency.stop()
         if self._grpc is not None:
             await self._grpc.stop()
             self._grpc = None
@@ -166,26 +246,44 @@ class Server:
             if http is not None:
                 await http.stop()
         self._http = self._metrics_http = None
-        await self.registry.close()
+        if service is not None:
+            await service.registry.close()
 
-    async def serve(self) -> None:
-        """Start, wait for SIGINT or SIGTERM, stop."""
+    async def serve(self, worker: WorkerRole | None = None) -> None:
+        """Start, wait for SIGINT or SIGTERM, stop. A signal while the models load stops at once."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await self.start()
-        await stop.wait()
-        log.info("shutting down")
+        starting = asyncio.ensure_future(self.start(worker))
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+        else:
+            starting.result()  # a start-up error ends here
+            await stopping
+        stopping.cancel()
+        log.info("%sshutting down", f"worker {worker.index} " if worker else "")
         await self.stop()
 
     def run(self, **server_settings: Any) -> None:
-        """Blocking: serve on uvloop until SIGINT or SIGTERM. ``server_settings`` override ``server:``
-        keys, e.g. ``run(http_port=8080, grpc_port=None)``."""
+        """Blocking: serve until SIGINT or SIGTERM. ``server_settings`` override ``server:`` keys, e.g.
+        ``run(http_port=8080, grpc_port=None, workers=2)``."""
         if server_settings:
             merged = {**self.config.server.model_dump(), **server_settings}
             server = parse(ServerConfig, merged, "Server.run")
             self.config = self.config.model_copy(update={"server": server})
+        workers = self.config.server.worker_count
+        if workers > 1:
+            from edgeinfer.server.workers import Supervisor
+
+            code = Supervisor(self, workers).run()
+            if code:
+                raise SystemExit(code)
+            return
         run_with_uvloop(self.serve())
 
 
@@ -198,15 +296,19 @@ def run_with_uvloop(coroutine: object) -> None:
     uvloop.run(coroutine)  # type: ignore[arg-type]
 
 
-def _bind(host: str, port: int, what: str = "HTTP") -> socket.socket:
+def bind(host: str, port: int, what: str = "HTTP", reuse_port: bool = False) -> socket.socket:
+    """A listening socket (``reuse_port``: bound only, to reserve a port that processes share)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
         raise ConfigError(f"cannot listen on {host}:{port} for {what}: {exc.strerror}") from None
-    sock.listen(2048)
+    if not reuse_port:
+        sock.listen(2048)
     sock.setblocking(False)
     return sock

@@ -6,14 +6,14 @@ registered under Triton's service path with our own message classes (see proto/e
 for why), and a body that does not parse as the expected message is answered INVALID_ARGUMENT.
 
 A client's deadline becomes the request's deadline in the queue, and a cancelled call cancels its
-queued request, so neither is run for nobody.
+queued request, so neither is run for nobody. A request id sent as ``x-request-id`` metadata is used
+(else the request's V2 ``id``) and sent back in the trailing metadata, as HTTP does with the header.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -32,9 +32,10 @@ from edgeinfer.errors import (
     RequestTimeout,
     ServerBusy,
 )
+from edgeinfer.errors import describe as describe_error
 from edgeinfer.protocol import grpc_codec
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
-from edgeinfer.service import InferenceService, Outcome, PendingInference, new_request_id, parse_override
+from edgeinfer.service import InferenceCall, InferenceService, parse_override
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +150,12 @@ class GrpcServer:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.text)
             try:
                 return await handler(request, context)
-            except EdgeInferError as error:
-                await context.abort(code_for(error), error.message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                if not isinstance(error, EdgeInferError):
+                    log.error("unexpected error in a gRPC call", exc_info=error)
+                await context.abort(code_for(error), describe_error(error))
 
         return grpc.unary_unary_rpc_method_handler(
             call,
@@ -187,13 +192,13 @@ class GrpcServer:
     async def model_statistics(
         self, request: pb.ModelStatisticsRequest, context: Any
     ) -> pb.ModelStatisticsResponse:
-        statistics = self.service.model_statistics(request.name or None, request.version or None)
+        statistics = await self.service.model_statistics(request.name or None, request.version or None)
         return grpc_codec.from_dict(statistics, pb.ModelStatisticsResponse())
 
     async def repository_index(
         self, request: pb.RepositoryIndexRequest, context: Any
     ) -> pb.RepositoryIndexResponse:
-        models = self.service.repository_index(ready_only=request.ready)
+        models = await self.service.repository_index(ready_only=request.ready)
         return grpc_codec.from_dict({"models": models}, pb.RepositoryIndexResponse())
 
     async def repository_model_load(
@@ -209,39 +214,35 @@ class GrpcServer:
         await self.service.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
-    async def _submit(
-        self, request: pb.ModelInferRequest, deadline_s: float | None, outcome: Outcome
-    ) -> PendingInference:
-        decoded = grpc_codec.decode_infer_request(request)
-        outcome.decode_s = time.perf_counter() - outcome.started
-        outcome.request_id = decoded.id or new_request_id()
-        pending = await self.service.submit_loading(
-            request.model_name, request.model_version or None, decoded, deadline_s, trace=outcome.trace
-        )
-        outcome.rows, outcome.metrics = pending.rows, pending.metrics
-        return pending
+    def _call(self, request: pb.ModelInferRequest, given_id: str | None) -> InferenceCall:
+        return self.service.call("grpc", request.model_name, request.model_version or None, given_id)
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        outcome = Outcome("grpc", request.model_name, request.model_version or None)
+        call = self._call(request, _request_id(context))
         try:
-            pending = await self._submit(request, context.time_remaining(), outcome)
-            await pending.outputs  # a cancelled call cancels this await, and with it the queued request
-            return _encode(pending, outcome)
+            decoded = call.decode(grpc_codec.decode_infer_request, request)
+            await call.submit(decoded, context.time_remaining())  # a cancelled call drops the request
+            response = call.respond(grpc_codec.encode_infer_response)
         except asyncio.CancelledError:
-            outcome.error = RequestCancelled("the client cancelled the call before it was answered")
+            call.fail(RequestCancelled("the client cancelled the call before it was answered"))
             raise
-        except EdgeInferError as error:
-            outcome.error = error
+        except BaseException as error:
+            call.fail(error)
             raise
         finally:
-            outcome.request_id = outcome.request_id or new_request_id()
-            self.service.record(outcome)
+            context.set_trailing_metadata((("x-request-id", call.request_id),))
+        return response
 
     async def model_stream_infer(
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Every request on the stream is queued as it arrives (so they batch) and answered in order."""
-        answers: asyncio.Queue[tuple[Outcome, PendingInference | None] | str | None] = asyncio.Queue()
+        """Every request on the stream is queued as it arrives (so they batch) and answered in order.
+
+        A message that fails (malformed, invalid, or failing in the model) is answered with its
+        ``error_message`` and the stream goes on.
+        """
+        answers: asyncio.Queue[tuple[InferenceCall, asyncio.Future[Any] | BaseException] | str | None]
+        answers = asyncio.Queue()
 
         async def read() -> None:
             try:
@@ -249,44 +250,44 @@ class GrpcServer:
                     if isinstance(request, _Malformed):
                         answers.put_nowait(request.text)
                         continue
-                    outcome = Outcome("grpc", request.model_name, request.model_version or None)
+                    call = self._call(request, None)
                     try:
-                        answers.put_nowait((outcome, await self._submit(request, None, outcome)))
-                    except EdgeInferError as error:
-                        outcome.error = error
-                        answers.put_nowait((outcome, None))
+                        decoded = call.decode(grpc_codec.decode_infer_request, request)
+                        answers.put_nowait((call, call.submit(decoded)))
+                    except Exception as error:
+                        answers.put_nowait((call, error))
             finally:
                 answers.put_nowait(None)
 
         reader = asyncio.ensure_future(read())
         try:
             while (item := await answers.get()) is not None:
-                yield await self._stream_answer(item)
+                yield await _stream_answer(item)
         finally:
             reader.cancel()
 
-    async def _stream_answer(
-        self, item: tuple[Outcome, PendingInference | None] | str
-    ) -> pb.ModelStreamInferResponse:
-        if isinstance(item, str):
-            return pb.ModelStreamInferResponse(error_message=item)
-        outcome, pending = item
-        try:
-            if pending is None:
-                assert outcome.error is not None
-                raise outcome.error
-            await pending.outputs
-            return pb.ModelStreamInferResponse(infer_response=_encode(pending, outcome))
-        except EdgeInferError as error:
-            outcome.error = error
-            return pb.ModelStreamInferResponse(error_message=error.message)
-        finally:
-            outcome.request_id = outcome.request_id or new_request_id()
-            self.service.record(outcome)
+
+async def _stream_answer(
+    item: tuple[InferenceCall, asyncio.Future[Any] | BaseException] | str,
+) -> pb.ModelStreamInferResponse:
+    if isinstance(item, str):
+        return pb.ModelStreamInferResponse(error_message=item)
+    call, outputs = item
+    try:
+        if isinstance(outputs, BaseException):
+            raise outputs
+        await outputs
+        return pb.ModelStreamInferResponse(infer_response=call.respond(grpc_codec.encode_infer_response))
+    except asyncio.CancelledError:
+        call.fail(RequestCancelled("the client cancelled the stream before it was answered"))
+        raise
+    except Exception as error:
+        call.fail(error)
+        return pb.ModelStreamInferResponse(error_message=describe_error(error))
 
 
-def _encode(pending: PendingInference, outcome: Outcome) -> pb.ModelInferResponse:
-    started = time.perf_counter()
-    message = grpc_codec.encode_infer_response(pending.response())
-    outcome.encode_s = time.perf_counter() - started
-    return message
+def _request_id(context: Any) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-request-id":
+            return str(value)
+    return None

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from edgeinfer.errors import (
     EdgeInferError,
     InferenceFailed,
     InvalidInput,
-    ModelEvicted,
     ModelLoadError,
     ModelNotFound,
     ModelNotReady,
@@ -41,11 +40,12 @@ from edgeinfer.errors import (
     RequestTimeout,
     ServerBusy,
 )
-from edgeinfer.metrics import Metrics
+from edgeinfer.errors import describe as describe_error
 from edgeinfer.protocol import http_binary, json_codec
+from edgeinfer.protocol.types import InferRequest, InferResponse
 from edgeinfer.server import http_compression
 from edgeinfer.server.http_protocol import HttpRequest, HttpResponse
-from edgeinfer.service import InferenceService, Outcome, PendingInference, new_request_id, parse_override
+from edgeinfer.service import InferenceCall, InferenceService, parse_override
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +89,7 @@ def error_response(status: int, message: str) -> HttpResponse:
 def response_for_error(error: BaseException) -> HttpResponse:
     if not isinstance(error, EdgeInferError):
         log.error("unexpected error", exc_info=error)
-        return error_response(500, f"internal server error: {type(error).__name__}: {error}")
-    response = error_response(status_for(error), error.message)
+    response = error_response(status_for(error), describe_error(error))
     if isinstance(error, ServerBusy):
         response.headers.append((b"retry-after", str(max(1, round(error.retry_after_s))).encode()))
     return response
@@ -110,17 +109,17 @@ def _allow(request: HttpRequest, method: str) -> None:
 
 
 class MetricsRoutes:
-    """The handler of the metrics port: ``GET /metrics`` and nothing else."""
+    """The handler of a metrics port: ``GET /metrics`` and nothing else."""
 
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
+    def __init__(self, exposition: Callable[[], Awaitable[bytes]]) -> None:
+        self.exposition = exposition
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def __call__(self, request: HttpRequest) -> HttpResponse | asyncio.Future[HttpResponse]:
         if request.path.rstrip("/") != "/metrics":
             return error_response(404, f"no route for {request.method} {request.path}; try GET /metrics")
         if request.method != "GET":
             return error_response(405, f"method {request.method} is not allowed here; use GET")
-        return metrics_response(self.metrics.exposition())
+        return _when_done(self.exposition(), metrics_response)
 
 
 class V2Routes:
@@ -163,7 +162,7 @@ class V2Routes:
         elif head == "v1" and len(parts) >= 2 and parts[1] == "models":
             if len(parts) == 2:
                 _allow(request, "GET")
-                return _json(200, {"models": service.model_index()})
+                return _when_done(service.model_index(), lambda models: _json(200, {"models": models}))
             if len(parts) == 4 and parts[3] == "predict":
                 _allow(request, "POST")
                 return self._infer(request, parts[2], None)
@@ -172,7 +171,7 @@ class V2Routes:
                 return self._infer(request, parts[2], parts[4])
         elif parts == ["metrics"]:
             _allow(request, "GET")
-            return metrics_response(service.metrics.exposition())
+            return _when_done(service.metrics_exposition(), metrics_response)
         elif parts == ["health"]:
             _allow(request, "GET")
             ready = service.ready()
@@ -186,7 +185,8 @@ class V2Routes:
         service = self.service
         document = json_codec.loads_object(request.body, "request body") if request.body.strip() else {}
         if parts == ["v2", "repository", "index"]:
-            return _json(200, service.repository_index(ready_only=document.get("ready") is True))
+            ready_only = document.get("ready") is True
+            return _when_done(service.repository_index(ready_only), lambda index: _json(200, index))
         if len(parts) == 5 and parts[2] == "models" and parts[4] in ("load", "unload"):
             name = parts[3]
             if parts[4] == "load":
@@ -195,7 +195,7 @@ class V2Routes:
                 work = service.load_model(name, override)
             else:
                 work = service.unload_model(name)
-            return _when_done(asyncio.ensure_future(work))
+            return _when_done(work, lambda _: _json(200, {}))
         raise RouteNotFound(f"no route for {request.method} {request.path}")
 
     def _model_route(
@@ -204,7 +204,7 @@ class V2Routes:
         service = self.service
         if parts == ["v2", "models", "stats"]:
             _allow(request, "GET")
-            return _json(200, service.model_statistics(None, None))
+            return _when_done(service.model_statistics(None, None), lambda stats: _json(200, stats))
         name = parts[2]
         version = None
         rest = parts[3:]
@@ -220,7 +220,7 @@ class V2Routes:
             return _json(200 if ready else 503, {"name": name, "ready": ready})
         if action == "stats":
             _allow(request, "GET")
-            return _json(200, service.model_statistics(name, version))
+            return _when_done(service.model_statistics(name, version), lambda stats: _json(200, stats))
         if action == "config":
             _allow(request, "GET")
             return _json(200, service.model_config(name, version))
@@ -232,62 +232,34 @@ class V2Routes:
     def _infer(
         self, request: HttpRequest, name: str, version: str | None
     ) -> HttpResponse | asyncio.Future[HttpResponse]:
-        outcome = Outcome("http", name, version)
         given_id = request.headers.get(b"x-request-id")
+        call = self.service.call("http", name, version, given_id.decode("latin-1") if given_id else None)
         try:
-            decoded = http_binary.decode_request(self._body(request), _header_length(request))
-            request.body = b""  # a queued request holds only its tensors, not the body too
-            outcome.decode_s = time.perf_counter() - outcome.started
-            outcome.request_id = given_id.decode("latin-1") if given_id else decoded.id or new_request_id()
-            pending = self.service.submit(name, version, decoded, trace=outcome.trace)
-        except ModelEvicted:  # the rare slow path: load the model, then answer
-            work = self.service.submit_loading(name, version, decoded, trace=outcome.trace)
-            return self._after(asyncio.ensure_future(work), request, outcome)
+            decoded = call.decode(self._decode, request)
+            outputs = call.submit(decoded)
         except Exception as error:
-            outcome.request_id = outcome.request_id or (given_id or b"").decode("latin-1") or new_request_id()
-            return self._finish(outcome, response_for_error(error), error)
-        return self._answer_when_done(pending, request, outcome)
-
-    def _after(
-        self, submitting: asyncio.Future[PendingInference], request: HttpRequest, outcome: Outcome
-    ) -> asyncio.Future[HttpResponse]:
-        """Answer once ``submitting`` (a model load, then the submit) and then the inference are done."""
-        answer: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
-
-        def submitted(_: asyncio.Future[PendingInference]) -> None:
-            if answer.done():
-                return
-            error = submitting.exception() if not submitting.cancelled() else RequestCancelled("cancelled")
-            if error is not None:
-                answer.set_result(self._finish(outcome, response_for_error(error), error))
-                return
-            inner = self._answer_when_done(submitting.result(), request, outcome)
-            if isinstance(inner, HttpResponse):
-                answer.set_result(inner)
-            else:
-                inner.add_done_callback(lambda _: None if answer.done() else _copy(inner, answer))
-                answer.add_done_callback(lambda _: inner.cancel() if answer.cancelled() else None)
-
-        submitting.add_done_callback(submitted)
-        return answer
-
-    def _answer_when_done(
-        self, pending: PendingInference, request: HttpRequest, outcome: Outcome
-    ) -> HttpResponse | asyncio.Future[HttpResponse]:
-        outcome.rows, outcome.metrics = pending.rows, pending.metrics
+            call.fail(error)
+            return _with_id(response_for_error(error), call.outcome.request_id)
         encoding = http_compression.choose_encoding(request.headers.get(b"accept-encoding"))
-        if pending.outputs.done():  # a fast model ran inline: answer without another loop iteration
-            return self._response(pending, encoding, outcome)
+        if outputs.done():  # a fast model ran inline: answer without another loop iteration
+            return self._reply(call, decoded, encoding)
         answer: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
-        pending.outputs.add_done_callback(lambda _: self._answer(pending, encoding, outcome, answer))
-        answer.add_done_callback(lambda _: pending.outputs.cancel() if answer.cancelled() else None)
+
+        def finished(_: asyncio.Future[Any]) -> None:
+            if outputs.cancelled():  # the client went away; the request was dropped or discarded
+                call.fail(RequestCancelled("the client disconnected before the response was ready"))
+                answer.cancel()
+            elif not answer.done():
+                answer.set_result(self._reply(call, decoded, encoding))
+
+        outputs.add_done_callback(finished)
+        answer.add_done_callback(lambda _: outputs.cancel() if answer.cancelled() else None)
         return answer
 
-    def _finish(self, outcome: Outcome, reply: HttpResponse, error: BaseException | None) -> HttpResponse:
-        outcome.error = error
-        self.service.record(outcome)
-        reply.headers.append((b"x-request-id", outcome.request_id.encode("latin-1", "replace")))
-        return reply
+    def _decode(self, request: HttpRequest) -> InferRequest:
+        decoded = http_binary.decode_request(self._body(request), _header_length(request))
+        request.body = b""  # a queued request holds only its tensors, not the body too
+        return decoded
 
     def _body(self, request: HttpRequest) -> bytes:
         encoding = request.headers.get(b"content-encoding")
@@ -295,33 +267,18 @@ class V2Routes:
             return request.body
         return http_compression.decompress(request.body, encoding, self.max_body_bytes)
 
-    def _answer(
-        self,
-        pending: PendingInference,
-        encoding: bytes | None,
-        outcome: Outcome,
-        answer: asyncio.Future[HttpResponse],
-    ) -> None:
-        """Turn the finished inference into the HTTP response (runs as a future callback on the loop)."""
-        if pending.outputs.cancelled():  # the client went away; the request was dropped or discarded
-            outcome.error = RequestCancelled("the client disconnected before the response was ready")
-            self.service.record(outcome)
-            answer.cancel()
-        elif not answer.done():
-            answer.set_result(self._response(pending, encoding, outcome))
+    def _reply(self, call: InferenceCall, decoded: InferRequest, encoding: bytes | None) -> HttpResponse:
+        """The HTTP response of a finished inference (the model's error, or the encoded outputs)."""
 
-    def _response(self, pending: PendingInference, encoding: bytes | None, outcome: Outcome) -> HttpResponse:
-        error = pending.outputs.exception()
-        if error is not None:
-            return self._finish(outcome, response_for_error(error), error)
-        encode_started = time.perf_counter()
+        def encode(response: InferResponse) -> tuple[bytes, int | None]:
+            return http_binary.encode_response(
+                response, http_binary.binary_outputs(response, decoded.parameters)
+            )
+
         try:
-            response = pending.response()
-            binary = http_binary.binary_outputs(response, pending.request.parameters)
-            body, header_length = http_binary.encode_response(response, binary)
-        except Exception as encode_error:
-            return self._finish(outcome, response_for_error(encode_error), encode_error)
-        outcome.encode_s = time.perf_counter() - encode_started
+            body, header_length = call.respond(encode)
+        except Exception as error:
+            return _with_id(response_for_error(error), call.outcome.request_id)
         reply = HttpResponse(200, body)
         if header_length is not None:
             reply.content_type = b"application/octet-stream"
@@ -329,31 +286,30 @@ class V2Routes:
         if encoding is not None and len(body) >= self.compress_min_bytes:
             reply.body = http_compression.compress(body, encoding)
             reply.headers.append((b"content-encoding", encoding))
-        return self._finish(outcome, reply, None)
+        return _with_id(reply, call.outcome.request_id)
 
 
-def _copy(source: asyncio.Future[HttpResponse], target: asyncio.Future[HttpResponse]) -> None:
-    if source.cancelled():
-        target.cancel()
-    else:
-        target.set_result(source.result())
+def _with_id(reply: HttpResponse, request_id: str) -> HttpResponse:
+    reply.headers.append((b"x-request-id", request_id.encode("latin-1", "replace")))
+    return reply
 
 
-def _when_done(work: asyncio.Future[None]) -> asyncio.Future[HttpResponse]:
-    """An HTTP answer for a control operation: 200 with an empty object, or the error's status."""
-    answer: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
+def _when_done(work: Awaitable[Any], answer: Callable[[Any], HttpResponse]) -> asyncio.Future[HttpResponse]:
+    """An HTTP answer for core work that takes a while: ``answer(result)``, or the error's status."""
+    task = asyncio.ensure_future(work)
+    reply: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
 
-    def finished(_: asyncio.Future[None]) -> None:
-        if answer.done():
+    def finished(_: asyncio.Future[Any]) -> None:
+        if reply.done():
             return
-        if work.cancelled():
-            answer.cancel()
+        if task.cancelled():
+            reply.cancel()
             return
-        error = work.exception()
-        answer.set_result(response_for_error(error) if error is not None else _json(200, {}))
+        error = task.exception()
+        reply.set_result(response_for_error(error) if error is not None else answer(task.result()))
 
-    work.add_done_callback(finished)
-    return answer
+    task.add_done_callback(finished)
+    return reply
 
 
 def _header_length(request: HttpRequest) -> int | None:

@@ -1,0 +1,37 @@
+"""What a model version's batcher records: Triton's statistics and the Prometheus histograms, in one place.
+
+The batcher says what happened (a request started after waiting, a batch ran, a request was answered);
+this object turns it into both views, so the batcher knows nothing about either format. Called on the
+event loop only, so nothing here takes a lock.
+"""
+
+from __future__ import annotations
+
+import time
+
+from edgeinfer.batching.stats import ModelStatistics
+from edgeinfer.metrics import ModelMetrics
+from edgeinfer.runners import BatchTimes
+
+
+class BatchRecorder:
+    def __init__(self, metrics: ModelMetrics) -> None:
+        self.metrics = metrics
+        self.stats = ModelStatistics()
+
+    def started(self, waited_s: float) -> None:
+        """A request left the queue for a batch after waiting ``waited_s``."""
+        self.stats.queue.add(int(waited_s * 1e9))
+        self.metrics.queue.observe(waited_s)
+
+    def batch_done(self, rows: int, requests: int, times: BatchTimes) -> None:
+        self.stats.record_batch(rows, requests, times)
+        self.metrics.batch_done(rows, times.infer_ns / 1e9)
+
+    def answered(self, succeeded: bool, elapsed_s: float) -> None:
+        """A request got its result (or error, or was cancelled) ``elapsed_s`` after it was queued."""
+        if succeeded:
+            self.stats.success.add(int(elapsed_s * 1e9))
+            self.stats.last_inference_ms = int(time.time() * 1000)
+        else:
+            self.stats.fail.add(int(elapsed_s * 1e9))

@@ -1,0 +1,38 @@
+"""What one inference request became: filled in along the request path, recorded once at the end.
+
+A leaf module: the batcher fills the ``RequestTrace``, the inference call the rest, and the metrics and
+the access log read it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from edgeinfer.metrics import ModelMetrics
+
+
+@dataclass(slots=True)
+class RequestTrace:
+    """Where one request's time went, filled in by the batcher (for access logs)."""
+
+    queue_s: float = 0.0
+    batch_rows: int = 0
+    compute_s: float = 0.0
+
+
+@dataclass(slots=True)
+class Outcome:
+    """One inference request as it went: protocol, model, timings, rows and the error if it failed."""
+
+    protocol: str
+    model: str
+    version: str | None
+    request_id: str = ""
+    started: float = field(default_factory=time.perf_counter)
+    error: BaseException | None = None
+    decode_s: float | None = None
+    encode_s: float | None = None
+    rows: int = 0
+    trace: RequestTrace = field(default_factory=RequestTrace)
+    metrics: ModelMetrics | None = None  # known once the request reached its model version

@@ -1,0 +1,44 @@
+"""The cost model of runners: a * rows + b from measured batches, pure arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgeinfer.runners import CostModel
+
+
+def test_nothing_measured_means_no_estimate():
+    assert CostModel().estimate_s(4) is None
+
+
+def test_one_batch_size_seen_estimates_proportionally():
+    cost = CostModel()
+    for _ in range(3):
+        cost.observe(2, 0.010)
+    assert cost.estimate_s(2) == pytest.approx(0.010)
+    assert cost.estimate_s(4) == pytest.approx(0.020)
+
+
+def test_a_fixed_cost_and_a_per_row_cost_are_told_apart():
+    cost = CostModel()
+    for rows in (1, 8, 1, 8, 4, 16):
+        cost.observe(rows, 0.001 + 0.0005 * rows)  # 1 ms per call, 0.5 ms per row
+    assert cost.estimate_s(1) == pytest.approx(0.0015)
+    assert cost.estimate_s(32) == pytest.approx(0.017)
+
+
+def test_recent_batches_count_more_than_old_ones():
+    cost = CostModel(memory=0.5)
+    for _ in range(20):
+        cost.observe(1, 0.100)  # the machine was busy
+    for _ in range(20):
+        cost.observe(1, 0.001)
+    assert cost.estimate_s(1) == pytest.approx(0.001, rel=0.01)
+
+
+def test_noise_never_gives_a_negative_slope_or_cost():
+    cost = CostModel()
+    cost.observe(1, 0.005)
+    cost.observe(8, 0.001)  # bigger batch measured faster (noise)
+    assert cost.estimate_s(1) > 0
+    assert cost.estimate_s(8) >= cost.estimate_s(1)
