@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import socket
@@ -15,6 +16,7 @@ import numpy as np
 import onnx
 import orjson
 from onnx import TensorProto, helper, numpy_helper
+from prometheus_client.parser import text_string_to_metric_families
 
 from edgeinfer.protocol.datatypes import v2_datatype
 
@@ -96,6 +98,42 @@ def infer_body(inputs: dict[str, np.ndarray], **extra: Any) -> dict:
 
 def _v2(array: np.ndarray) -> str:
     return v2_datatype(array.dtype)
+
+
+def scrape(port: int) -> dict[str, dict[tuple, float]]:
+    """Every sample of ``GET /metrics``: name -> sorted labels -> value."""
+    reply = request(port, "GET", "/metrics")
+    assert reply.status == 200, reply.body
+    assert reply.headers["content-type"].startswith("text/plain")
+    samples: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(reply.body.decode()):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return samples
+
+
+def metric(samples: dict[str, dict[tuple, float]], name: str, **labels: str) -> float:
+    return samples[name][tuple(sorted(labels.items()))]
+
+
+def wait_for(condition: Any, timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll ``condition()`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not met within {timeout} s")
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (a supervisor's workers, a model's process instances), in the
+    order the kernel lists them, whichever of its threads started them."""
+    found: list[int] = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        with contextlib.suppress(FileNotFoundError):  # the thread ended meanwhile
+            found += [int(child) for child in (task / "children").read_text().split()]
+    return found
 
 
 def wait_ready(port: int, timeout: float, process: subprocess.Popen[bytes] | None = None) -> bool:

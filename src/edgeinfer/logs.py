@@ -93,3 +93,23 @@ class AccessLog:
             f" error={fields['error']}" if outcome.error is not None else "",
             extra=fields,
         )  # fmt: skip
+
+
+class _WorkerTag(logging.Filter):
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker = self.index
+        return True
+
+
+def tag_worker(index: int) -> None:
+    """In a worker process: every log record carries ``worker`` (a JSON field, a prefix in text)."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_WorkerTag(index))
+        if not isinstance(handler.formatter, JsonFormatter):
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)-7s [worker %(worker)s] %(name)s: %(message)s")
+            )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -13,15 +12,27 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
 
-from tests.support import ROOT, ServerProcess, infer_body, matmul_model, request, slow_model
+from tests.support import (
+    ROOT,
+    ServerProcess,
+    infer_body,
+    matmul_model,
+    metric,
+    request,
+    scrape,
+    slow_model,
+    wait_for,
+)
 
 
-@pytest.fixture(scope="module")
-def observed(tmp_path_factory: pytest.TempPathFactory):
-    """A server with two models, then: 5 successes and 3 bad requests on `matmul`; on `slow`, a full queue
-    that rejects 3 requests, and one request that times out in the queue."""
+@pytest.fixture(scope="module", params=[1, 2], ids=["1 worker", "2 workers"])
+def observed(request, tmp_path_factory: pytest.TempPathFactory):
+    """A server (one process, or two workers) with two models, then a known mix: on `matmul` over HTTP,
+    5 successes with V2 ids, 3 bad requests and one with an X-Request-ID header; on `slow` over gRPC
+    (one channel, so one worker), a full queue that rejects 3 requests and one request that times out in
+    the queue. Each step waits for the state it needs (the queue gauges), never for a fixed time."""
     root = tmp_path_factory.mktemp("observed")
     matmul_model(root / "matmul.onnx")
     slow_model(root / "slow.onnx")
@@ -37,7 +48,18 @@ models:
 logging: {level: INFO, format: json}
 """
     )
-    server = ServerProcess(["--config", str(root / "config.yaml")]).start(root / "server.log")
+    server = ServerProcess(["--config", str(root / "config.yaml"), "--workers", str(request.param)])
+    server.start(root / "server.log")
+    try:
+        ids = _known_mix(server)
+    except BaseException:
+        server.stop()
+        raise
+    yield server, ids
+    server.stop()
+
+
+def _known_mix(server: ServerProcess) -> list[str]:
     port = server.port
     x = np.ones((2, 16), np.float32)
     ids = []
@@ -52,48 +74,54 @@ logging: {level: INFO, format: json}
     )
     ids.append(header_id.headers["x-request-id"])
 
-    slow_x = lambda rows: infer_body({"X": np.full((rows, 256), 0.01, np.float32)})  # noqa: E731
-    statuses: list[int] = []
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    results: list[object] = []
+    done = threading.Semaphore(0)
 
-    def call(body) -> None:
-        statuses.append(request(port, "POST", "/v2/models/slow/infer", body).status)
+    def slow(rows: int, **parameters) -> list:
+        tensor = grpcclient.InferInput("X", [rows, 256], "FP32")
+        tensor.set_data_from_numpy(np.full((rows, 256), 0.01, np.float32))
+        return [tensor]
 
-    blocker = threading.Thread(target=call, args=(slow_x(8),))  # ~260 ms
-    blocker.start()
-    time.sleep(0.05)
-    queued = [threading.Thread(target=call, args=(slow_x(1),)) for _ in range(2)]
-    for thread in queued:
-        thread.start()
-    time.sleep(0.05)
-    rejected = [request(port, "POST", "/v2/models/slow/infer", slow_x(1)).status for _ in range(3)]
-    for thread in [blocker, *queued]:
-        thread.join()
-    blocker = threading.Thread(target=call, args=(slow_x(8),))
-    blocker.start()
-    time.sleep(0.05)
-    timeout = request(port, "POST", "/v2/models/slow/infer", {**slow_x(1), "parameters": {"timeout": 10_000}})
-    blocker.join()
-    assert rejected == [429, 429, 429]
-    assert timeout.status == 504
-    assert statuses == [200, 200, 200, 200]
-    yield server, ids
-    server.stop()
+    def answered(result, error) -> None:
+        results.append(error.status() if error is not None else "OK")
+        done.release()
 
+    def queue(length: int, inflight: int) -> bool:
+        samples = scrape(server.metrics_port)
+        return (
+            metric(samples, "edgeinfer_queue_length", model="slow", version="1") == length
+            and metric(samples, "edgeinfer_inflight_requests", model="slow", version="1") == inflight
+        )
 
-def scrape(port: int) -> dict[str, dict[tuple, float]]:
-    reply = request(port, "GET", "/metrics")
-    assert reply.status == 200
-    assert reply.headers["content-type"].startswith("text/plain")
-    samples: dict[str, dict[tuple, float]] = {}
-    for family in text_string_to_metric_families(reply.body.decode()):
-        for sample in family.samples:
-            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
-    return samples
+    client.async_infer("slow", slow(8), answered)  # the blocker: runs for a while
+    wait_for(lambda: queue(0, 1), what="the blocker running")
+    for _ in range(2):
+        client.async_infer("slow", slow(1), answered)
+    wait_for(lambda: queue(2, 3), what="two requests queued behind the blocker")
+    rejected = []
+    for _ in range(3):
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("slow", slow(1))
+        rejected.append(caught.value.status())
+    for _ in range(3):
+        assert done.acquire(timeout=60)
+    client.async_infer("slow", slow(8), answered)
+    wait_for(lambda: queue(0, 1), what="the second blocker running")
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("slow", slow(1), timeout=10_000)  # microseconds, as Triton clients send it
+    timeout = caught.value
+    assert done.acquire(timeout=60)
+    client.close()
+    assert rejected == ["StatusCode.RESOURCE_EXHAUSTED"] * 3
+    assert timeout.status() == "StatusCode.DEADLINE_EXCEEDED"
+    assert "timed out after" in timeout.message()
+    assert results == ["OK"] * 4
+    return ids
 
 
 def value(samples, name: str, **labels) -> float:
-    wanted = tuple(sorted(labels.items()))
-    return samples[name][wanted]
+    return metric(samples, name, **labels)
 
 
 def test_request_counters_match_exactly(observed):
@@ -102,12 +130,14 @@ def test_request_counters_match_exactly(observed):
     requests = "edgeinfer_inference_requests_total"
     assert value(samples, requests, model="matmul", version="1", protocol="http", status="success") == 6
     assert value(samples, requests, model="matmul", version="1", protocol="http", status="client_error") == 3
-    assert value(samples, requests, model="slow", version="1", protocol="http", status="success") == 4
-    assert value(samples, requests, model="slow", version="1", protocol="http", status="rejected") == 3
-    assert value(samples, requests, model="slow", version="1", protocol="http", status="timeout") == 1
+    assert value(samples, requests, model="slow", version="1", protocol="grpc", status="success") == 4
+    assert value(samples, requests, model="slow", version="1", protocol="grpc", status="rejected") == 3
+    assert value(samples, requests, model="slow", version="1", protocol="grpc", status="timeout") == 1
     duration = "edgeinfer_inference_request_duration_seconds_count"
     assert value(samples, duration, model="matmul", version="1", protocol="http") == 9
-    assert value(samples, duration, model="slow", version="1", protocol="http") == 8
+    assert value(samples, duration, model="slow", version="1", protocol="grpc") == 8
+    decode = "edgeinfer_inference_decode_duration_seconds_count"
+    assert value(samples, decode, model="slow", version="1", protocol="grpc") == 8
 
 
 def test_batch_and_queue_histograms_match_the_batches_run(observed):
@@ -186,6 +216,7 @@ def test_one_json_access_line_per_request(observed):
     assert len(timeout) == 1
     assert "timed out" in timeout[0]["error"]
     assert [line["level"] for line in access if line["status"] == "rejected"] == ["INFO"] * 3
+    assert {line["protocol"] for line in access if line["model"] == "slow"} == {"grpc"}
     startup = [line for line in lines if "loaded model slow" in line["message"]]
     assert "CPUExecutionProvider" in startup[0]["message"]
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -10,11 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 import edgeinfer
 from edgeinfer.config import Config
 from tests.python_models.models import Doubler
-from tests.support import ROOT, ServerProcess, free_port, infer_body, request, wait_ready
+from tests.support import ROOT, ServerProcess, children, free_port, infer_body, request, wait_for, wait_ready
 
 CONFIG = """
 models:
@@ -23,6 +27,15 @@ models:
   upper: {backend: python, model_class: "tests.python_models.models:AsyncUpper", max_batch_size: 8}
   wrong: {backend: python, model_class: "tests.python_models.models:WrongCount", max_batch_size: 0}
   summed: {backend: python, model_class: "tests.python_models.models:BatchSum", max_batch_size: 16}
+  positive: {backend: python, model_class: "tests.python_models.models:PositiveOnly"}
+  greeter: {backend: python, model_class: "tests.python_models.models:Greeter", max_batch_size: 8}
+  pixels:
+    backend: python
+    model_class: "tests.python_models.models:PixelLoop"
+    kind: process
+    instances: 2
+    max_batch_size: 8
+logging: {format: json}
 """
 
 
@@ -143,3 +156,134 @@ def test_the_readme_example_runs_as_written(tmp_path: Path):
     finally:
         process.terminate()
         process.wait(timeout=20)
+
+
+def test_a_model_that_refuses_the_warmup_zeros_still_loads(python_server):
+    """A ModelError answered to synthetic zeros shows the model runs: logged, not fatal."""
+    assert "answered the zeros with ModelError: x must be positive; it runs" in python_server.log()
+    good = request(python_server.port, "POST", "/v2/models/positive/infer", x_rows(4.0))
+    assert good.json()["outputs"][0]["data"] == [2.0] * 4
+    bad = request(python_server.port, "POST", "/v2/models/positive/infer", x_rows(0.0))
+    assert (bad.status, bad.error) == (400, "x must be positive")
+
+
+def test_a_model_that_raises_on_the_warmup_still_fails_to_load(tmp_path: Path):
+    (tmp_path / "config.yaml").write_text(
+        "models:\n  m: {backend: python, model_class: 'tests.python_models.models:RaisesOnZeros'}\n"
+    )
+    command = [sys.executable, "-m", "edgeinfer", "serve", "--config", str(tmp_path / "config.yaml")]
+    command += ["--no-grpc", "--http-port", "0", "--metrics-port", "0"]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    assert result.returncode == 1
+    assert "model 'm' version 1: warmup failed at batch size 1: ValueError: a bug, not a bad request" in (
+        result.stderr
+    )
+
+
+def test_a_model_without_inputs_reads_parameters_and_answers_json_values(python_server):
+    reply = request(python_server.port, "POST", "/v2/models/greeter/infer", {"parameters": {"name": "Ada"}})
+    assert reply.status == 200, reply.body
+    greeting, length = reply.json()["outputs"]
+    assert greeting["parameters"] == {"content_type": "str"}
+    *documents, text = greeting["data"]  # structured values are JSON; text stays text
+    assert [json.loads(document) for document in documents] == [
+        {"hello": "Ada", "letters": ["A", "d", "a"]},
+        ["a", "list"],
+        3,
+    ]
+    assert text == "plain text"
+    assert "parameters" not in length
+    assert length["data"] == [3]
+    empty = request(python_server.port, "POST", "/v2/models/greeter/infer", {"inputs": [], "parameters": {}})
+    assert (empty.status, empty.error) == (400, "parameter 'name' (a string) is required")
+    extra = request(python_server.port, "POST", "/v2/models/greeter/infer", x_rows(1.0))
+    assert extra.status == 400
+    assert "has no input(s) 'x'" in extra.error
+    metadata = request(python_server.port, "GET", "/v2/models/greeter").json()
+    assert metadata["inputs"] == []
+    assert metadata["outputs"][0]["parameters"] == {"content_type": "str"}
+
+
+def test_json_values_reach_tritonclient_over_grpc_and_binary_http(python_server):
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{python_server.port}")
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{python_server.grpc_port}")
+    try:
+        over_http = http.infer("greeter", [], parameters={"name": "Bo"})
+        over_grpc = grpc.infer("greeter", [], parameters={"name": "Bo"})
+    finally:
+        http.close()
+        grpc.close()
+    for result in (over_http, over_grpc):
+        assert json.loads(result.as_numpy("greeting")[0]) == {"hello": "Bo", "letters": ["B", "o"]}
+    assert over_grpc.get_output("greeting").parameters["content_type"].string_param == "str"
+    assert over_http.get_output("greeting")["parameters"]["content_type"] == "str"
+
+
+def pixel_body(seed: int, rows: int = 2, **parameters) -> dict:
+    image = np.random.default_rng(seed).integers(0, 256, (rows, 64, 64)).astype(np.uint8)
+    return infer_body({"image": image}, **({"parameters": parameters} if parameters else {}))
+
+
+def histogram(body: dict) -> list[list[int]]:
+    pixels = np.array(body["inputs"][0]["data"], np.uint8).reshape(-1, 64 * 64) >> 6
+    return [np.bincount(row, minlength=4).tolist() for row in pixels]
+
+
+def test_process_instances_load_and_predict_in_their_own_processes(python_server):
+    server_pid = python_server.process.pid
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        bodies = [pixel_body(seed, rows=1 + seed % 3) for seed in range(24)]
+        replies = list(
+            pool.map(
+                lambda body: request(python_server.port, "POST", "/v2/models/pixels/infer", body), bodies
+            )
+        )
+    pids = set()
+    for body, reply in zip(bodies, replies, strict=True):
+        assert reply.status == 200, reply.body
+        histogram_out, pid_out = reply.json()["outputs"]
+        assert np.array(histogram_out["data"]).reshape(histogram_out["shape"]).tolist() == histogram(body)
+        pids.update(pid_out["data"])  # the pid that ran load() in that instance
+    assert len(pids) == 2, "two instances shared the work"
+    assert server_pid not in pids
+    assert pids <= set(children(server_pid)), "the instances are children of the server"
+
+
+@pytest.mark.parametrize(("trigger", "how"), [("die", "exit code 3"), ("crash", "killed by signal SIGSEGV")])
+def test_an_instance_that_dies_fails_only_its_batch_and_comes_back(python_server, trigger: str, how: str):
+    before = set(children(python_server.process.pid))
+    reply = request(python_server.port, "POST", "/v2/models/pixels/infer", pixel_body(1, **{trigger: True}))
+    assert reply.status == 500
+    assert "model pixels: process instance" in reply.error
+    assert f"died while running the batch ({how})" in reply.error
+    replies = [
+        request(python_server.port, "POST", "/v2/models/pixels/infer", pixel_body(seed)) for seed in range(6)
+    ]
+    assert [r.status for r in replies] == [200] * 6, "the other instance serves meanwhile"
+    wait_for(
+        lambda: (
+            len(set(children(python_server.process.pid))) == 2
+            and set(children(python_server.process.pid)) != before
+        ),
+        what="a new instance",
+    )
+
+
+def test_process_instances_need_an_importable_class(tmp_path: Path):
+    script = tmp_path / "serve.py"
+    script.write_text(
+        "import edgeinfer\n"
+        "class Local(edgeinfer.Model):\n"
+        "    outputs = [edgeinfer.TensorSpec('y', 'FP32', (-1,))]\n"
+        "    def predict(self, requests):\n"
+        "        return [{'y': [1.0]} for _ in requests]\n"
+        "server = edgeinfer.Server()\n"
+        "server.register(Local(), name='local', kind='process', instances=2)\n"
+        "server.run(http_port=0, grpc_port=None, metrics_port=None)\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "Local is defined in the script being run (__main__)" in result.stderr
+    assert "move it into a module" in result.stderr

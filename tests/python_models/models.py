@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -105,3 +106,100 @@ class SlowToLoad(edgeinfer.Model):
 
     def predict_batch(self, inputs):
         return {"y": inputs["x"]}
+
+
+class DiesWhileLoading(edgeinfer.Model):
+    """Loads normally, but ends its process while loading when the file ``parameters['marker']`` exists:
+    a worker that crashes every time it is restarted."""
+
+    inputs = [edgeinfer.TensorSpec("x", "FP32", (-1, 4))]
+    outputs = [edgeinfer.TensorSpec("y", "FP32", (-1, 4))]
+
+    def load(self) -> None:
+        if os.path.exists(self.parameters["marker"]):
+            os._exit(7)
+
+    def predict_batch(self, inputs):
+        return {"y": inputs["x"]}
+
+
+class PixelLoop(edgeinfer.Model):
+    """CPU-bound pure Python: loops over every pixel of each 64x64 image (holds the GIL throughout).
+    Parameter ``die`` true: the process ends in the middle of the batch; ``crash``: a segfault."""
+
+    inputs = [edgeinfer.TensorSpec("image", "UINT8", (-1, 64, 64))]
+    outputs = [
+        edgeinfer.TensorSpec("histogram", "INT64", (-1, 4)),
+        edgeinfer.TensorSpec("pid", "INT64", (-1,)),
+    ]
+
+    def load(self) -> None:
+        self.loaded_in = os.getpid()
+
+    def predict(self, requests):
+        responses = []
+        for request in requests:
+            if request.parameters.get("die"):
+                os._exit(3)
+            if request.parameters.get("crash"):
+                import ctypes
+
+                ctypes.string_at(0)
+            rows = []
+            for image in request.inputs["image"]:
+                counts = [0, 0, 0, 0]
+                for row in image.tolist():
+                    for pixel in row:
+                        counts[pixel >> 6] += 1
+                rows.append(counts)
+            responses.append(
+                {"histogram": np.array(rows, np.int64), "pid": np.full(len(rows), self.loaded_in, np.int64)}
+            )
+        return responses
+
+
+class PositiveOnly(edgeinfer.Model):
+    """Checks its input like a careful user's model: zeros (the synthetic warmup) get a ModelError."""
+
+    inputs = [edgeinfer.TensorSpec("x", "FP32", (-1, 4))]
+    outputs = [edgeinfer.TensorSpec("y", "FP32", (-1, 4))]
+
+    def predict(self, requests):
+        return [
+            {"y": np.sqrt(r.inputs["x"])}
+            if (r.inputs["x"] > 0).all()
+            else edgeinfer.ModelError("x must be positive")
+            for r in requests
+        ]
+
+
+class RaisesOnZeros(edgeinfer.Model):
+    inputs = [edgeinfer.TensorSpec("x", "FP32", (-1, 4))]
+    outputs = [edgeinfer.TensorSpec("y", "FP32", (-1, 4))]
+
+    def predict(self, requests):
+        raise ValueError("a bug, not a bad request")
+
+
+class Greeter(edgeinfer.Model):
+    """No input tensors: reads ``parameters.name`` and answers structured values (JSON documents)."""
+
+    outputs = [
+        edgeinfer.TensorSpec("greeting", "BYTES", (-1,), content_type="str"),
+        edgeinfer.TensorSpec("length", "INT64", (-1,)),
+    ]
+
+    def predict(self, requests):
+        answers = []
+        for request in requests:
+            name = request.parameters.get("name")
+            if not isinstance(name, str):
+                answers.append(edgeinfer.ModelError("parameter 'name' (a string) is required"))
+                continue
+            answers.append(
+                {
+                    "greeting": [{"hello": name, "letters": list(name)}, ["a", "list"], 3, "plain text"],
+                    "length": [len(name)],
+                }
+            )
+        return answers

@@ -107,7 +107,7 @@ async def warm_up(
         return WarmupReport(0, 0, 0.0)
     synthetic = 0
     batching = policy.max_batch_size > 0
-    for batch_size in _batch_sizes(config, policy):
+    for batch_size in _batch_sizes(config, policy, bool(backend.inputs)):
         inputs: Tensors = {}
         for spec in backend.inputs:
             shape = _warmup_shape(spec, batch_size, config.shapes.get(spec.name))
@@ -119,11 +119,9 @@ async def warm_up(
             inputs[spec.name] = _zeros(spec, shape)
         else:
             where = f"at batch size {batch_size}" if batching else ""
-            rejected = await _run(runner, inputs, max(1, batch_size), where)
-            if rejected is not None:
-                log.info(
-                    "warmup %s: the model refused zeros as input (%s); it runs", where or "run", rejected
-                )
+            refused = await _run(runner, inputs, max(1, batch_size), where)
+            if refused is not None:
+                log.info("warmup %s: the model answered the zeros with %s; it runs", where or "run", refused)
             synthetic += 1
     for sample in config.samples:
         try:
@@ -142,8 +140,10 @@ async def warm_up(
     return WarmupReport(synthetic, len(config.samples), time.perf_counter() - started)
 
 
-def _batch_sizes(config: WarmupConfig, policy: BatchPolicy) -> list[int]:
+def _batch_sizes(config: WarmupConfig, policy: BatchPolicy, has_inputs: bool) -> list[int]:
     batching = policy.max_batch_size > 0
+    if not has_inputs:  # parameters only: one run says all there is to say
+        return [1] if config.batch_sizes != () and batching else ([0] if config.batch_sizes != () else [])
     if config.batch_sizes is not None:  # [] means: no synthetic runs, only the samples
         return sorted(config.batch_sizes) if batching else ([0] if config.batch_sizes else [])
     return sorted({1, policy.max_batch_size}) if batching else [0]

@@ -193,7 +193,8 @@ class Registry:
         failures: list[str] = []
         for source, result in zip(sources, results, strict=True):
             if isinstance(result, BaseException):
-                reason = f"model {source.name!r} version {source.version} ({source.path}): {result}"
+                where = f" ({source.path})" if source.path else ""
+                reason = f"model {source.name!r} version {source.version}{where}: {result}"
                 failures.append(reason)
                 entry = self._models[source.name][source.version]
                 if entry.state is not ModelState.READY:

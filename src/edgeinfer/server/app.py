@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from edgeinfer.backends import LoadContext
 from edgeinfer.config import Config, ModelConfig, ServerConfig, parse
 from edgeinfer.errors import ConfigError
-from edgeinfer.logs import AccessLog
+from edgeinfer.logs import AccessLog, setup_logging
 from edgeinfer.metrics import Metrics
 from edgeinfer.repository.poller import RepositoryPoller
 from edgeinfer.repository.registry import Registry
@@ -276,6 +276,8 @@ class Server:
             merged = {**self.config.server.model_dump(), **server_settings}
             server = parse(ServerConfig, merged, "Server.run")
             self.config = self.config.model_copy(update={"server": server})
+        if not logging.getLogger().handlers:  # used from code: log as `edgeinfer serve` does
+            setup_logging(self.config.logging.level, self.config.logging.format)
         workers = self.config.server.worker_count
         if workers > 1:
             from edgeinfer.server.workers import Supervisor

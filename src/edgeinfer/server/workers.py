@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgeinfer.batching.stats import merge_statistics
 from edgeinfer.errors import ConfigError, EdgeInferError, InvalidInput, ModelLoadError
+from edgeinfer.logs import tag_worker
 from edgeinfer.metrics import WorkerGauges, exposition, merge, process_stats, sum_process_stats
 from edgeinfer.server.http import MetricsRoutes, error_response
 from edgeinfer.server.http_protocol import HttpRequest, HttpResponse, HttpServer
@@ -192,7 +193,9 @@ class Supervisor:
         for signum in (signal.SIGTERM, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        tag_worker(index)
         assert self._http_socket is not None
+        grpc_port = self.grpc_port
         for sock in self._listeners:
             if sock is not self._http_socket:
                 sock.close()
@@ -202,7 +205,7 @@ class Supervisor:
         try:
             from edgeinfer.server.app import run_with_uvloop
 
-            run_with_uvloop(WorkerLink(self._server, index, link, self._http_socket, self.grpc_port).serve())
+            run_with_uvloop(WorkerLink(self._server, index, link, self._http_socket, grpc_port).serve())
         except ConfigError as error:
             print(f"edgeinfer: worker {index}: configuration error: {error}", file=sys.stderr)
             return EXIT_CONFIG
