@@ -6,6 +6,9 @@
 * idle RSS: the server's VmRSS once ready, against a bare Python process that only imports ONNX Runtime
   and creates a session for each of the example repository's model files (the floor any Python server
   pays); measured for the repository alone (with and without gRPC) and for `make serve`'s whole config;
+* workers: the same repository with `--workers 2`: RSS of the supervisor and of each worker, and what
+  an extra worker adds to the whole server, as the growth of the summed PSS (proportional set size:
+  shared pages counted once) from `workers: 1` to `workers: 2`;
 * installed size: a fresh virtual environment with only numpy and onnxruntime (and what they pull in),
   then `pip install .`: the growth is edgeinfer's own cost.
 """
@@ -13,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import subprocess
@@ -40,6 +44,21 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def pss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
 def bare_rss_mib(model_files: list[str]) -> float:
     out = subprocess.run(
         [sys.executable, "-c", BARE, *model_files], capture_output=True, text=True, check=True
@@ -53,13 +72,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def serve_once(grpc: bool, source: list[str]) -> tuple[float, float]:
+def serve_once(grpc: bool, source: list[str], workers: int = 1) -> tuple[float, float, dict[str, float]]:
+    """(ready seconds, RSS of the server process, {rss/pss of the supervisor, each worker, pss total})."""
     port = free_port()
     started = time.perf_counter()
     grpc_flags = ["--grpc-port", str(free_port())] if grpc else ["--no-grpc"]
     process = subprocess.Popen(
         [sys.executable, "-m", "edgeinfer", "serve", *source, "--http-port", str(port),
-         *grpc_flags, "--metrics-port", str(free_port()), "--host", "127.0.0.1", "--log-level", "WARNING"],
+         *grpc_flags, "--metrics-port", str(free_port()), "--host", "127.0.0.1", "--log-level", "WARNING",
+         "--workers", str(workers)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -75,7 +96,10 @@ def serve_once(grpc: bool, source: list[str]) -> tuple[float, float]:
                 raise SystemExit("edgeinfer did not become ready")
         ready_s = time.perf_counter() - started
         time.sleep(0.5)
-        return ready_s, rss_mib(process.pid)
+        pids = [process.pid, *children(process.pid)]
+        tree = {f"rss_{index}": rss_mib(pid) for index, pid in enumerate(pids)}
+        tree["pss_total"] = sum(pss_mib(pid) for pid in pids)
+        return ready_s, rss_mib(process.pid), tree
     finally:
         process.terminate()
         process.wait(timeout=20)
@@ -114,12 +138,27 @@ def main() -> None:
     }
     for label, (source, grpc) in cases.items():
         runs = [serve_once(grpc, source) for _ in range(args.runs)]
-        rss = min(rss for _, rss in runs)
+        rss = min(rss for _, rss, _ in runs)
         result[label] = {
-            "ready_s": [round(ready, 3) for ready, _ in runs],
+            "ready_s": [round(ready, 3) for ready, _, _ in runs],
             "idle_rss_mib": round(rss, 1),
             "rss_ratio": round(rss / bare, 2),
         }
+    # workers: what the second worker costs the box
+    source = ["--model-repository", str(REPO)]
+    one = [serve_once(False, source, workers=1) for _ in range(args.runs)]
+    two = [serve_once(False, source, workers=2) for _ in range(args.runs)]
+    single_pss = min(tree["pss_total"] for _, _, tree in one)
+    best = min(two, key=lambda run: run[2]["pss_total"])
+    result["onnx_examples_http_only_workers_2"] = {
+        "ready_s": [round(ready, 3) for ready, _, _ in two],
+        "supervisor_rss_mib": round(best[2]["rss_0"], 1),
+        "worker_rss_mib": [round(best[2][f"rss_{index}"], 1) for index in (1, 2)],
+        "pss_total_mib": round(best[2]["pss_total"], 1),
+        "pss_total_workers_1_mib": round(single_pss, 1),
+        "second_worker_adds_mib": round(best[2]["pss_total"] - single_pss, 1),
+        "target_mib": round(bare + 35, 1),  # the bare ONNX Runtime memory of its models + 35 MiB
+    }
     if not args.skip_install_size:
         result.update(installed_size_mib())
     print(json.dumps(result, indent=1))

@@ -1,14 +1,21 @@
 """`make bench`: edgeinfer against in-process ONNX Runtime and a bare FastAPI endpoint, in one run.
 
     python bench/run.py [--duration 5] [--models tiny,cnn] [--concurrency 1,8,64] [--threads 1]
+                        [--no-scaling] [--reference]
 
 1. builds the models (bench/models.py) and one JSON request body per model;
 2. measures in-process ONNX Runtime throughput at each batch size with the same threads: the limit;
 3. starts edgeinfer (`python -m edgeinfer serve`) and the FastAPI baseline (bench/baseline_fastapi.py),
    and drives each with wrk (a C load generator, so no Python client steals the server's CPU) at every
    concurrency, unpinned, and for `tiny` also pinned (server on CPU 0, wrk on CPU 1);
-4. prints one table and writes it as JSON and Markdown under bench/results/. "vs in-process" divides the
-   served rows/s by in-process rows/s at the measured batch size nearest the mean batch actually formed.
+4. scaling (unless --no-scaling): edgeinfer with `workers: 1` and `workers: 2` on `cnn` over JSON at
+   concurrency 16 (against in-process ONNX Runtime running two sessions in two threads, the 2-core
+   ceiling) and `tiny` over JSON at 64; and a pure-Python model (bench/python_models.py) at
+   concurrency 8 in a worker thread and in two process instances;
+5. prints the tables and writes them as JSON and Markdown under bench/results/ (latest.md). "vs
+   in-process" divides the served rows/s by in-process rows/s at the measured batch size nearest the
+   mean batch actually formed. With --reference (every case must be selected) the run becomes
+   bench/results/reference.md and the README's table is regenerated from it.
 """
 
 from __future__ import annotations
@@ -37,13 +44,15 @@ sys.path.insert(0, str(HERE))
 
 import models  # noqa: E402  (bench/ is not a package)
 
-INPUTS = {"tiny": ("INPUT0", (16,)), "cnn": ("input", (3, 224, 224))}
+INPUTS = {"tiny": ("INPUT0", (16,)), "cnn": ("input", (3, 224, 224)), "python": ("image", (64, 64))}
+PYTHON_MODELS = ("python_thread", "python_process")  # bench/python_models.py:BoxBlur, two ways
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
 class Row:
     server: str
+    workers: int
     model: str
     protocol: str
     concurrency: int
@@ -81,13 +90,16 @@ class Body:
 
 def sample(model: str, rows: int = 1) -> tuple[str, np.ndarray]:
     name, shape = INPUTS[model]
+    if model == "python":  # a grayscale image
+        return name, np.random.default_rng(0).integers(0, 256, (rows, *shape)).astype(np.uint8)
     return name, np.random.default_rng(0).standard_normal((rows, *shape)).astype(np.float32)
 
 
 def json_body(model: str) -> Body:
     name, data = sample(model)
+    datatype = "UINT8" if data.dtype == np.uint8 else "FP32"
     body = {
-        "inputs": [{"name": name, "shape": list(data.shape), "datatype": "FP32", "data": data.reshape(-1)}]
+        "inputs": [{"name": name, "shape": list(data.shape), "datatype": datatype, "data": data.reshape(-1)}]
     }
     path = WORK / f"{model}.json"
     path.write_bytes(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY))
@@ -151,6 +163,49 @@ def inprocess(
     return limits
 
 
+def inprocess_parallel(path: Path, model: str, sessions: int, seconds: float) -> float:
+    """Images/s of ``sessions`` sessions (one ONNX Runtime thread each) run by as many threads: with two on
+    a 2-core box, the most any server can get out of it."""
+    import threading
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    name, shape = INPUTS[model]
+    feed = {name: np.random.default_rng(0).standard_normal((1, *shape)).astype(np.float32)}
+    runs = [0] * sessions
+    built = [ort.InferenceSession(str(path), options) for _ in range(sessions)]
+    for session in built:
+        session.run(None, feed)
+    stop = time.perf_counter() + seconds
+
+    def loop(index: int) -> None:
+        while time.perf_counter() < stop:
+            built[index].run(None, feed)
+            runs[index] += 1
+
+    threads = [threading.Thread(target=loop, args=(index,)) for index in range(sessions)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(runs) / (time.perf_counter() - started)
+
+
+def inprocess_python(seconds: float) -> float:
+    """Images/s of the pure-Python model called directly in one thread (one core's worth)."""
+    import python_models
+
+    _, image = sample("python")
+    pixels = image[0].tolist()
+    runs, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        python_models._blurred_histogram(pixels)
+        runs += 1
+    return runs / (time.perf_counter() - started)
+
+
 class Process:
     def __init__(self, name: str, command: list[str], port: int, grpc_port: int = 0) -> None:
         self.name = name
@@ -176,8 +231,8 @@ class Process:
         raise SystemExit(f"{self.name} not ready; see {self.log.name}")
 
     def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        """CPU seconds of the server and every process under it (workers, process instances)."""
+        return sum(_cpu_s(pid) for pid in _tree(self.process.pid))
 
     def memory_mib(self, key: str) -> float:
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
@@ -194,6 +249,26 @@ class Process:
         self.process.terminate()
         self.process.wait(timeout=20)
         self.log.close()
+
+
+def _tree(pid: int) -> list[int]:
+    pids = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for child in children:
+            pids += _tree(int(child))
+    return pids
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def batch_counts(port: int, model: str) -> tuple[int, int, int]:
@@ -265,7 +340,7 @@ def nearest_limit(limits: dict[int, float], batch: float) -> float:
 
 def measure(
     server: Process, label: str, model: str, protocol: str, body: Body, concurrency: int, seconds: float,
-    pinned: bool, limits: dict[int, float],
+    pinned: bool, limits: dict[int, float], workers: int = 1,
 ) -> Row:  # fmt: skip
     if protocol == "grpc":
         port, path, load = server.grpc_port, "/inference.GRPCInferenceService/ModelInfer", h2load
@@ -286,6 +361,7 @@ def measure(
         errors += max(0, result["requests"] - (successes_after - successes_before))
     return Row(
         server=label,
+        workers=workers,
         model=model,
         protocol=protocol,
         concurrency=concurrency,
@@ -321,7 +397,22 @@ def edgeinfer_config(paths: dict[str, Path], threads: int) -> Path:
                 "prefetch_batches": 1,
                 "max_queue_size": 1024,
             },
+            "python_thread": {
+                "backend": "python",
+                "model_class": "python_models:BoxBlur",
+                "max_batch_size": 8,
+                "max_queue_size": 1024,
+            },
+            "python_process": {
+                "backend": "python",
+                "model_class": "python_models:BoxBlur",
+                "kind": "process",
+                "instances": 2,
+                "max_batch_size": 8,
+                "max_queue_size": 1024,
+            },
         },
+        "python_path": [str(HERE)],
         "logging": {"level": "WARNING"},
     }
     path = WORK / "edgeinfer.yaml"
@@ -330,14 +421,14 @@ def edgeinfer_config(paths: dict[str, Path], threads: int) -> Path:
 
 
 TABLE_HEADER = (
-    "| server | model | protocol | conc | pinned | req/s | rows/s | p50 ms | p90 ms | p99 ms | batch "
-    "| CPU ms/req | errors | vs in-process |"
+    "| server | workers | model | protocol | conc | pinned | req/s | rows/s | p50 ms | p90 ms | p99 ms "
+    "| batch | CPU ms/req | errors | vs in-process |"
 )
 
 
 def table_line(row: Row) -> str:
     return (
-        f"| {row.server} | {row.model} | {row.protocol} | {row.concurrency} | "
+        f"| {row.server} | {row.workers} | {row.model} | {row.protocol} | {row.concurrency} | "
         f"{'yes' if row.pinned else 'no'} | "
         f"{row.requests_per_s:,.0f} | {row.rows_per_s:,.0f} | {row.p50_ms:.3f} | {row.p90_ms:.3f} | "
         f"{row.p99_ms:.3f} | {row.mean_batch:.2f} | {row.cpu_ms_per_request:.3f} | {row.errors} | "
@@ -346,7 +437,86 @@ def table_line(row: Row) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    return "\n".join([TABLE_HEADER, "|" + "---|" * 14, *(table_line(row) for row in rows)])
+    return "\n".join([TABLE_HEADER, "|" + "---|" * 15, *(table_line(row) for row in rows)])
+
+
+def edgeinfer_process(config: Path, workers: int) -> Process:
+    port, grpc_port = free_port(), free_port()
+    return Process(
+        f"edgeinfer-{workers}w",
+        [sys.executable, "-m", "edgeinfer", "serve", "--config", str(config), "--http-port", str(port),
+         "--grpc-port", str(grpc_port), "--metrics-port", str(free_port()), "--host", "127.0.0.1",
+         "--workers", str(workers)],
+        port,
+        grpc_port,
+    )  # fmt: skip
+
+
+# (model, concurrency): the cases measured with workers 1 and 2 (JSON, unpinned)
+SCALING_CASES = (("cnn", 16), ("tiny", 64))
+
+
+def scaling(config: Path, duration: float, limits: dict[str, dict[int, float]]) -> tuple[list[Row], dict]:
+    """workers: 1 against workers: 2, and the pure-Python model in a thread against two processes."""
+    ceiling = {
+        "cnn": {1: inprocess_parallel(WORK / "cnn.onnx", "cnn", 2, 3.0)},
+        "tiny": limits.get("tiny") or {1: 1.0},
+        "python": {1: inprocess_python(3.0)},
+    }
+    print(f"in-process cnn, two sessions in two threads: {ceiling['cnn'][1]:,.1f} images/s")
+    print(f"in-process python model, one thread: {ceiling['python'][1]:,.1f} images/s")
+    rows: list[Row] = []
+    for workers in (1, 2):
+        server = edgeinfer_process(config, workers)
+        try:
+            for model, concurrency in SCALING_CASES:
+                row = measure(server, "edgeinfer", model, "json", json_body(model), concurrency, duration,
+                              False, ceiling[model], workers)  # fmt: skip
+                rows.append(row)
+                print(table_line(row), flush=True)
+            if workers == 1:
+                for model in PYTHON_MODELS:
+                    row = measure(server, "edgeinfer", model, "json", json_body("python"), 8, duration, False,
+                                  ceiling["python"], workers)  # fmt: skip
+                    rows.append(row)
+                    print(table_line(row), flush=True)
+        finally:
+            server.stop()
+    return rows, {"cnn_two_sessions_images_per_s": ceiling["cnn"][1], "python_one_thread_images_per_s":
+                  ceiling["python"][1]}  # fmt: skip
+
+
+def scaling_summary(rows: list[Row]) -> dict[str, float]:
+    """The ratios the targets are about."""
+    by = {(row.model, row.workers): row for row in rows}
+    summary: dict[str, float] = {}
+    if ("cnn", 1) in by and ("cnn", 2) in by:
+        summary["cnn_json_c16_workers2_vs_inprocess_two_sessions"] = by["cnn", 2].ratio_to_inprocess
+        summary["cnn_json_c16_workers2_vs_workers1"] = round(
+            by["cnn", 2].rows_per_s / by["cnn", 1].rows_per_s, 2
+        )
+    if ("tiny", 1) in by and ("tiny", 2) in by:
+        summary["tiny_json_c64_workers2_vs_workers1"] = round(
+            by["tiny", 2].requests_per_s / by["tiny", 1].requests_per_s, 2
+        )
+    if ("python_thread", 1) in by and ("python_process", 1) in by:
+        summary["python_c8_process2_vs_thread"] = round(
+            by["python_process", 1].rows_per_s / by["python_thread", 1].rows_per_s, 2
+        )
+    return summary
+
+
+README = ROOT / "README.md"
+TABLE_START, TABLE_END = "<!-- bench:start -->", "<!-- bench:end -->"
+
+
+def write_reference(markdown: str) -> None:
+    """The run becomes the reference, and the README's table between the markers is regenerated."""
+    (RESULTS / "reference.md").write_text(markdown)
+    readme = README.read_text()
+    start, end = readme.index(TABLE_START) + len(TABLE_START), readme.index(TABLE_END)
+    body = markdown.split("\n", 2)[2]  # without the title line
+    README.write_text(f"{readme[:start]}\n{body.strip()}\n{readme[end:]}")
 
 
 def main() -> None:
@@ -359,7 +529,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
     parser.add_argument("--servers", default="edgeinfer,fastapi")
     parser.add_argument("--protocols", default="json,binary,grpc", help="binary and grpc: edgeinfer only")
+    parser.add_argument("--no-scaling", action="store_true", help="skip the workers/process cases")
+    parser.add_argument("--reference", action="store_true", help="keep the run as the reference (all cases)")
     args = parser.parse_args()
+    if args.reference and any(
+        getattr(args, key) != parser.get_default(key)
+        for key in ("models", "concurrency", "servers", "protocols", "no_scaling", "threads")
+    ):
+        raise SystemExit(
+            "--reference needs every case: leave --models, --concurrency, --servers, --protocols, "
+            "--threads and --no-scaling at their defaults"
+        )
     for tool in ("wrk", "h2load"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is needed: apt-get install wrk nghttp2-client (make bench does this)")
@@ -383,16 +563,9 @@ def main() -> None:
         )
 
     servers = {}
+    config = edgeinfer_config(paths, args.threads)
     if "edgeinfer" in args.servers:
-        port, grpc_port = free_port(), free_port()
-        config = edgeinfer_config(paths, args.threads)
-        servers["edgeinfer"] = Process(
-            "edgeinfer",
-            [sys.executable, "-m", "edgeinfer", "serve", "--config", str(config), "--http-port", str(port),
-             "--grpc-port", str(grpc_port), "--metrics-port", str(free_port()), "--host", "127.0.0.1"],
-            port,
-            grpc_port,
-        )  # fmt: skip
+        servers["edgeinfer"] = edgeinfer_process(config, 1)
     if "fastapi" in args.servers:
         port = free_port()
         servers["fastapi"] = Process(
@@ -429,24 +602,44 @@ def main() -> None:
         for server in servers.values():
             server.stop()
 
+    scaled: list[Row] = []
+    ceilings: dict[str, float] = {}
+    if "edgeinfer" in args.servers and not args.no_scaling:
+        scaled, ceilings = scaling(config, args.duration, limits)
     summary = table(rows)
+    ratios = scaling_summary(scaled)
     print("\n" + summary)
+    if scaled:
+        print("\n" + table(scaled) + "\n\n" + json.dumps(ratios, indent=1))
     print("\nfootprint: " + json.dumps(footprint))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     document = {
         "when": stamp,
         "args": vars(args),
         "inprocess_rows_per_s": limits,
+        "inprocess_ceilings": ceilings,
         "footprint": footprint,
         "rows": [asdict(row) for row in rows],
+        "scaling_rows": [asdict(row) for row in scaled],
+        "scaling_ratios": ratios,
     }
     (RESULTS / f"{stamp}.json").write_text(json.dumps(document, indent=1))
-    (RESULTS / "latest.md").write_text(
+    markdown = (
         f"# Benchmark {stamp}\n\nIn-process ONNX Runtime rows/s ({args.threads} thread): "
         + json.dumps({m: {b: round(r) for b, r in lim.items()} for m, lim in limits.items()})
         + f"\n\nFootprint: {json.dumps(footprint)}\n\n{summary}\n"
     )
+    if scaled:
+        markdown += (
+            "\nScaling (`workers`, process instances); in-process ceilings: "
+            + json.dumps({key: round(value, 1) for key, value in ceilings.items()})
+            + f"\n\n{table(scaled)}\n\nRatios: {json.dumps(ratios)}\n"
+        )
+    (RESULTS / "latest.md").write_text(markdown)
     print(f"\nwrote {RESULTS / (stamp + '.json')} and {RESULTS / 'latest.md'}")
+    if args.reference:
+        write_reference(markdown)
+        print(f"wrote {RESULTS / 'reference.md'} and the README table")
 
 
 if __name__ == "__main__":

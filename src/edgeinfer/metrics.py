@@ -31,19 +31,13 @@ the supervisor and every worker.
 
 from __future__ import annotations
 
+import os
+import resource
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
-
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
 
 from edgeinfer.errors import (
     InvalidInput,
@@ -199,13 +193,33 @@ def _key(name: str, version: str) -> str:
     return f"{name}\x00{version}"
 
 
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
 def process_stats() -> dict[str, float]:
-    """This process's ``process_*`` values, as prometheus-client's process collector reads them."""
-    values: dict[str, float] = {}
-    for family in ProcessCollector(registry=None).collect():
-        for sample in family.samples:
-            values[sample.name] = sample.value
-    return values
+    """This process's ``process_*`` values (the names prometheus-client's process collector uses), read
+    from /proc; empty where there is no /proc."""
+    try:
+        vsize, rss = (int(field) for field in Path("/proc/self/statm").read_text().split()[:2])
+        stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime")
+        )
+        fds = len(os.listdir("/proc/self/fd"))
+    except (OSError, StopIteration, ValueError):
+        return {}
+    times = os.times()
+    return {
+        "process_resident_memory_bytes": float(rss * _PAGE_BYTES),
+        "process_virtual_memory_bytes": float(vsize * _PAGE_BYTES),
+        "process_cpu_seconds_total": times.user + times.system,
+        "process_open_fds": float(fds),
+        "process_max_fds": float(resource.getrlimit(resource.RLIMIT_NOFILE)[0]),
+        "process_start_time_seconds": boot + int(stat[19]) / _TICKS,
+    }
 
 
 def merge(snapshots: list[Snapshot]) -> Snapshot:
@@ -287,179 +301,3 @@ class WorkerGauges:
     restarts: int
     resident_memory_bytes: float = 0.0
     cpu_seconds: float = 0.0
-
-
-def exposition(
-    snapshot: Snapshot, process: dict[str, float] | None = None, workers: list[WorkerGauges] | None = None
-) -> bytes:
-    """The body of ``GET /metrics``. ``process`` None: this process's own ``process_*`` metrics."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_SnapshotCollector(snapshot, process, workers))
-    if process is None:
-        ProcessCollector(registry=registry)
-    return generate_latest(registry)
-
-
-class _SnapshotCollector(Collector):
-    def __init__(
-        self, snapshot: Snapshot, process: dict[str, float] | None, workers: list[WorkerGauges] | None
-    ) -> None:
-        self._models = sorted(
-            snapshot["models"].values(), key=lambda entry: (entry["name"], entry["version"])
-        )
-        self._process = process
-        self._workers = workers
-
-    def collect(self) -> Iterator[Metric]:
-        models = self._models
-        requests = CounterMetricFamily(
-            PREFIX + "inference_requests", "Inference requests answered, by outcome",
-            labels=["model", "version", "protocol", "status"],
-        )  # fmt: skip
-        for model in models:
-            for protocol, status, count in sorted(model.get("requests", [])):
-                requests.add_metric([model["name"], model["version"], protocol, status], count)
-        yield requests
-        yield _per_protocol(models, "duration", "inference_request_duration_seconds",
-                            "Time from parsed request to response, inside the server")  # fmt: skip
-        yield _per_protocol(models, "decode", "inference_decode_duration_seconds",
-                            "Time to turn a request body into tensors")  # fmt: skip
-        yield _per_protocol(models, "encode", "inference_encode_duration_seconds",
-                            "Time to turn output tensors into a response body")  # fmt: skip
-        yield _per_model(
-            models, "queue", "inference_queue_duration_seconds", "Time a request waited for its batch",
-            LATENCY_BUCKETS_S,
-        )  # fmt: skip
-        yield _per_model(
-            models, "compute", "inference_compute_duration_seconds", "Time one batch spent in the model",
-            LATENCY_BUCKETS_S,
-        )  # fmt: skip
-        yield _per_model(models, "batch_size", "batch_size", "Rows per executed batch", BATCH_BUCKETS)
-        batches = CounterMetricFamily(PREFIX + "batches", "Batches executed", labels=["model", "version"])
-        queue_length = GaugeMetricFamily(
-            PREFIX + "queue_length", "Requests waiting", labels=["model", "version"]
-        )
-        inflight = GaugeMetricFamily(
-            PREFIX + "inflight_requests",
-            "Requests received and not yet answered",
-            labels=["model", "version"],
-        )
-        load = GaugeMetricFamily(
-            PREFIX + "model_load_duration_seconds", "Time to load and warm up", labels=["model", "version"]
-        )
-        warmup = GaugeMetricFamily(
-            PREFIX + "model_warmup_duration_seconds", "Time spent warming up", labels=["model", "version"]
-        )
-        ready = GaugeMetricFamily(
-            PREFIX + "model_ready", "1 when the version serves", labels=["model", "version"]
-        )
-        info = GaugeMetricFamily(
-            PREFIX + "model_info", "Backend and execution provider of each version",
-            labels=["model", "version", "backend", "execution_provider"],
-        )  # fmt: skip
-        for model in models:
-            labels = [model["name"], model["version"]]
-            batches.add_metric(labels, sum(model["batch_size"]["counts"]) if "batch_size" in model else 0)
-            gauges = model.get("gauges")
-            if gauges is None:
-                continue
-            queue_length.add_metric(labels, gauges["queue_length"])
-            inflight.add_metric(labels, gauges["inflight"])
-            if gauges["backend"]:
-                load.add_metric(labels, gauges["load_s"])
-                warmup.add_metric(labels, gauges["warmup_s"])
-                ready.add_metric(labels, 1.0 if gauges["ready"] else 0.0)
-                info.add_metric([*labels, gauges["backend"], gauges["execution_provider"]], 1.0)
-        yield from (batches, queue_length, inflight, load, warmup, ready, info)
-        if self._process is not None:
-            yield from _process_families(self._process)
-        if self._workers is not None:
-            yield from _worker_families(self._workers)
-
-
-def _per_model(
-    models: list[dict[str, Any]], key: str, name: str, documentation: str, bounds: tuple[float, ...]
-) -> Metric:
-    family = HistogramMetricFamily(PREFIX + name, documentation, labels=["model", "version"])
-    for model in models:
-        histogram = model.get(key)
-        if histogram is not None:
-            family.add_metric(
-                [model["name"], model["version"]], _buckets(histogram, bounds), histogram["sum"]
-            )
-    return family
-
-
-def _per_protocol(models: list[dict[str, Any]], key: str, name: str, documentation: str) -> Metric:
-    family = HistogramMetricFamily(PREFIX + name, documentation, labels=["model", "version", "protocol"])
-    for model in models:
-        for protocol, histogram in sorted(model.get(key, {}).items()):
-            family.add_metric(
-                [model["name"], model["version"], protocol],
-                _buckets(histogram, LATENCY_BUCKETS_S),
-                histogram["sum"],
-            )
-    return family
-
-
-def _buckets(histogram: dict[str, Any], bounds: tuple[float, ...]) -> list[tuple[str, float]]:
-    total = 0
-    out: list[tuple[str, float]] = []
-    for bound, count in zip((*bounds, float("inf")), histogram["counts"], strict=True):
-        total += count
-        out.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
-    return out
-
-
-_PROCESS_FAMILIES = {
-    # name: (kind, help); summed over the server's processes unless named in _PROCESS_FIRST
-    "process_resident_memory_bytes": ("gauge", "Resident memory size in bytes."),
-    "process_virtual_memory_bytes": ("gauge", "Virtual memory size in bytes."),
-    "process_cpu_seconds_total": ("counter", "Total user and system CPU time spent in seconds."),
-    "process_open_fds": ("gauge", "Number of open file descriptors."),
-    "process_max_fds": ("gauge", "Maximum number of open file descriptors."),
-    "process_start_time_seconds": ("gauge", "Start time of the process since unix epoch in seconds."),
-}
-
-
-def _process_families(values: dict[str, float]) -> Iterator[Metric]:
-    for name, (kind, documentation) in _PROCESS_FAMILIES.items():
-        if name not in values:
-            continue
-        if kind == "counter":
-            yield CounterMetricFamily(name.removesuffix("_total"), documentation, value=values[name])
-        else:
-            yield GaugeMetricFamily(name, documentation, value=values[name])
-
-
-def sum_process_stats(stats: list[dict[str, float]]) -> dict[str, float]:
-    """The server's ``process_*`` values from its processes': sums, except the supervisor's (first) start
-    time and file-descriptor limit."""
-    if not stats:
-        return {}
-    total: dict[str, float] = {}
-    for name in _PROCESS_FAMILIES:
-        present = [values[name] for values in stats if name in values]
-        if present:
-            first_only = name in ("process_start_time_seconds", "process_max_fds")
-            total[name] = present[0] if first_only else sum(present)
-    return total
-
-
-def _worker_families(workers: list[WorkerGauges]) -> Iterator[Metric]:
-    count = GaugeMetricFamily(PREFIX + "workers", "Worker processes configured", value=len(workers))
-    ready = GaugeMetricFamily(PREFIX + "worker_ready", "1 when the worker serves", labels=["worker"])
-    restarts = CounterMetricFamily(
-        PREFIX + "worker_restarts", "Times the worker was restarted after it died", labels=["worker"]
-    )
-    memory = GaugeMetricFamily(
-        PREFIX + "worker_resident_memory_bytes", "Resident memory of the worker", labels=["worker"]
-    )
-    cpu = CounterMetricFamily(PREFIX + "worker_cpu_seconds", "CPU time of the worker", labels=["worker"])
-    for worker in workers:
-        label = [str(worker.worker)]
-        ready.add_metric(label, 1.0 if worker.ready else 0.0)
-        restarts.add_metric(label, worker.restarts)
-        memory.add_metric(label, worker.resident_memory_bytes)
-        cpu.add_metric(label, worker.cpu_seconds)
-    yield from (count, ready, restarts, memory, cpu)

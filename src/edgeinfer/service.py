@@ -32,7 +32,7 @@ from edgeinfer.errors import (
     RequestTimeout,
 )
 from edgeinfer.logs import AccessLog
-from edgeinfer.metrics import UNKNOWN_MODEL, Metrics, Snapshot, exposition, status_label
+from edgeinfer.metrics import UNKNOWN_MODEL, Metrics, Snapshot, process_stats, status_label
 from edgeinfer.outcome import Outcome
 from edgeinfer.protocol.types import InferRequest, InferResponse, TensorSpec
 from edgeinfer.repository.registry import ModelState, ModelVersion, Registry, Serving
@@ -232,7 +232,10 @@ class InferenceService:
         """The body of ``GET /metrics``."""
         if self._cluster is not None:
             return await self._cluster.metrics()
-        return exposition(self.local_metrics())
+        # prometheus-client is imported with the first scrape: a box never scraped saves its 4.7 MiB
+        from edgeinfer.exposition import exposition
+
+        return exposition(self.local_metrics(), process_stats())
 
     def local_index(self) -> list[dict[str, str]]:
         return [

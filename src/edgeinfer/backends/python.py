@@ -52,7 +52,6 @@ from edgeinfer.runners import BatchTimes, Result, Runner, RunnerSettings, Work
 from edgeinfer.runners.arrays import concatenating
 from edgeinfer.runners.base import Execute
 from edgeinfer.runners.coroutine import AsyncRunner
-from edgeinfer.runners.process import ChildPool, ProcessRunner
 from edgeinfer.runners.thread import ThreadRunner
 
 if TYPE_CHECKING:
@@ -209,11 +208,15 @@ class ProcessBackend:
     warmup_applies = True
 
     def __init__(self, factory: ModelFactory, name: str, config: ModelConfig) -> None:
+        # multiprocessing's connections cost 2 MiB of RSS: imported only by servers that use processes
+        from edgeinfer.runners.process import ChildPool, ProcessRunner
+
         self._pool = ChildPool(ChildModel(factory, name, config.max_batch_size), name, config.instances)
+        self._runner_class = ProcessRunner
         self.inputs, self.outputs = self._pool.info
 
     def runner(self, settings: RunnerSettings) -> Runner:
-        return ProcessRunner(self._pool, settings)
+        return self._runner_class(self._pool, settings)
 
     def close(self) -> None:
         self._pool.close()

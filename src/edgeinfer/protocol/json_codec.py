@@ -1,13 +1,23 @@
 """The V2 JSON body: decoding requests into numpy arrays and encoding responses.
 
-Speed matters here more than anywhere: a request is parsed once by orjson, each tensor becomes a numpy
-array in one C-level call, and responses hand numpy arrays straight to orjson. No per-element Python
-loops except for BYTES, whose elements are Python strings anyway.
+Speed matters here more than anywhere: a request is parsed once, each tensor becomes a numpy array in one
+C-level call, and responses hand numpy arrays straight to orjson. No per-element Python loops except for
+BYTES, whose elements are Python strings anyway.
+
+Small bodies are parsed by orjson. A larger one (from 4 KiB: a few hundred numbers; an image as JSON is
+1.6 MB for 3x224x224 floats) would cost most of its time creating one Python number per element, so it
+is parsed by simdjson instead, and each flat numeric ``data`` array is copied into numpy straight from
+the parsed document (2.1x faster on a 64x64 image, 3.2x on the benchmark's 224x224 one). Anything
+unusual about an input (nested or ragged data, non-numbers, values out of range) takes the ordinary
+path, so the checks and messages are the same either way.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -19,6 +29,14 @@ from edgeinfer.protocol.types import InferRequest, InferResponse, Parameters, Re
 
 _DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _REQUEST_FIELDS = frozenset(("id", "parameters", "inputs", "outputs"))
+LARGE_BODY_BYTES = 4096  # from about here on, simdjson's typed arrays beat orjson's Python numbers
+# simdjson's buffer element type (double, int64, uint64) for each numeric datatype
+_BUFFER_KIND = {
+    "FP16": ("d", np.float64), "FP32": ("d", np.float64), "FP64": ("d", np.float64),
+    "INT8": ("i", np.int64), "INT16": ("i", np.int64), "INT32": ("i", np.int64), "INT64": ("i", np.int64),
+    "UINT8": ("i", np.int64), "UINT16": ("i", np.int64), "UINT32": ("i", np.int64),
+    "UINT64": ("u", np.uint64),
+}  # fmt: skip
 
 
 def dumps(value: Any) -> bytes:
@@ -39,10 +57,96 @@ def loads_object(body: bytes | bytearray | memoryview, what: str = "request body
     return value
 
 
+@functools.cache
+def _simdjson() -> ModuleType | None:
+    """simdjson, imported with the first large body (a server that never gets one saves its 1.8 MiB);
+    None where it has no wheel: then orjson parses every body."""
+    try:
+        return importlib.import_module("simdjson")
+    except ImportError:
+        return None
+
+
 def decode_request(body: bytes | bytearray | memoryview) -> InferRequest:
     """Decode a V2 inference request whose tensors are all in JSON."""
+    if len(body) >= LARGE_BODY_BYTES and _simdjson() is not None:
+        return _decode_large(bytes(body))
     document = loads_object(body)
     return decode_request_object(document, binary_inputs=None)
+
+
+def _decode_large(body: bytes) -> InferRequest:
+    """Parse with simdjson: numeric tensors become arrays without Python floats, the rest plain values."""
+    simdjson = _simdjson()
+    assert simdjson is not None
+    try:
+        document = simdjson.Parser().parse(body)  # a parser per body: its proxies never outlive it
+    except ValueError as exc:
+        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(document, simdjson.Object):
+        raise InvalidInput(f"request body must be a JSON object, not {_json_type(_plain(document))}")
+    arrays: dict[str, np.ndarray] = {}
+    plain: dict[str, Any] = {}
+    for key in document.keys():  # noqa: SIM118 (items() would convert every value to Python)
+        value = document[key]
+        if key == "inputs" and isinstance(value, simdjson.Array):
+            plain[key] = [_input_without_data(raw, arrays) for raw in value]
+        else:
+            plain[key] = _plain(value)
+    return decode_request_object(plain, arrays)
+
+
+def _plain(value: Any) -> Any:
+    simdjson = _simdjson()
+    assert simdjson is not None
+    if isinstance(value, simdjson.Object):
+        return value.as_dict()
+    if isinstance(value, simdjson.Array):
+        return value.as_list()
+    return value
+
+
+def _input_without_data(raw: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """An input's header as plain values; its data decoded into ``arrays`` when it is a flat array of
+    numbers that fits its shape and datatype, else left in the header for the ordinary path."""
+    simdjson = _simdjson()
+    assert simdjson is not None
+    if not isinstance(raw, simdjson.Object):
+        return _plain(raw)
+    header = {key: _plain(raw[key]) for key in raw.keys() if key != "data"}  # noqa: SIM118
+    if "data" not in raw:
+        return header
+    data = raw["data"]
+    array = _typed_array(header, data)
+    if array is None:
+        header["data"] = _plain(data)
+    else:
+        arrays[header["name"]] = array
+    return header
+
+
+def _typed_array(header: dict[str, Any], data: Any) -> np.ndarray | None:
+    simdjson = _simdjson()
+    assert simdjson is not None
+    name, datatype, shape = header.get("name"), header.get("datatype"), header.get("shape")
+    kind = _BUFFER_KIND.get(datatype) if isinstance(datatype, str) else None
+    if kind is None or not isinstance(name, str) or not isinstance(data, simdjson.Array) or not len(data):
+        return None
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        return None
+    if len(data) != math.prod(shape) or isinstance(data[0], (simdjson.Array, simdjson.Object)):
+        return None  # nested, ragged or miscounted: the ordinary path says what is wrong
+    try:
+        values = np.frombuffer(data.as_buffer(of_type=kind[0]), dtype=kind[1])
+    except (TypeError, ValueError):  # a string, a boolean, null or a number out of range in there
+        return None
+    dtype = numpy_dtype(str(datatype))
+    if dtype.kind in "iu":
+        limits = np.iinfo(dtype)
+        if values.min() < limits.min or values.max() > limits.max:
+            return None
+    with np.errstate(over="ignore"):  # as numpy's conversion of Python floats: out of range is inf
+        return values.astype(dtype).reshape(shape)
 
 
 def decode_request_object(
@@ -128,12 +232,7 @@ def json_to_array(name: str, datatype: str, shape: tuple[int, ...], data: Any) -
         )
     dtype = numpy_dtype(datatype)
     try:
-        if datatype == "BYTES":
-            array = _bytes_array(data)
-        elif data and isinstance(data[0], list):
-            array = np.array(data, dtype=dtype)
-        else:  # flat: fromiter skips numpy's nesting discovery, 1.6x faster on large inputs
-            array = np.fromiter(data, dtype=dtype, count=len(data))
+        array = _bytes_array(data) if datatype == "BYTES" else _numbers(data, dtype, datatype)
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidInput(f"input {name!r}: data does not fit datatype {datatype}: {exc}") from None
     if array.size != expected:
@@ -141,6 +240,37 @@ def json_to_array(name: str, datatype: str, shape: tuple[int, ...], data: Any) -
             f"input {name!r}: shape {list(shape)} needs {expected} elements but 'data' has {array.size}"
         )
     return array.reshape(shape)
+
+
+# The element kinds numpy finds in JSON values that each datatype kind accepts: JSON has one kind of
+# number, so integers fit float tensors; nothing else converts (no "3" for 3, no null, no 2.5 for 2).
+_ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+_KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "fractional numbers", "U": "strings"}
+
+
+def _numbers(data: list[Any], dtype: np.dtype, datatype: str) -> np.ndarray:
+    values = np.array(data)  # numpy reads the kind of the values (and the nesting) in C
+    found = values.dtype.kind
+    if found in "fO" and dtype.kind == "u" and dtype.itemsize == 8:
+        values = _uint64(data)  # integers beyond int64 next to small ones: numpy guessed float64
+        found = values.dtype.kind
+    if values.size and found not in _ACCEPTED_KINDS[dtype.kind]:
+        what = _KIND_NAMES.get(found, "nulls, objects or a mix of kinds")
+        raise ValueError(f"the data holds {what}")
+    if dtype.kind in "iu" and values.size:
+        limits = np.iinfo(dtype)
+        if values.min() < limits.min or values.max() > limits.max:
+            raise ValueError(f"a value is outside [{limits.min}, {limits.max}]")
+    with np.errstate(over="ignore"):  # a float beyond the type's range is inf, as in a cast anywhere
+        return values.astype(dtype, copy=False)
+
+
+def _uint64(data: list[Any]) -> np.ndarray:
+    """UINT64 values numpy cannot type by itself: accepted only if every one is an integer."""
+    values = np.array(data, dtype=object)
+    if not all(isinstance(value, int) and not isinstance(value, bool) for value in values.reshape(-1)):
+        return values
+    return np.array(data, dtype=np.uint64)
 
 
 def _check_nested_lengths(name: str, shape: tuple[int, ...], data: list[Any]) -> None:

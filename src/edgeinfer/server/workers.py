@@ -47,8 +47,9 @@ from typing import TYPE_CHECKING, Any
 
 from edgeinfer.batching.stats import merge_statistics
 from edgeinfer.errors import ConfigError, EdgeInferError, InvalidInput, ModelLoadError
+from edgeinfer.exposition import exposition, sum_process_stats
 from edgeinfer.logs import tag_worker
-from edgeinfer.metrics import WorkerGauges, exposition, merge, process_stats, sum_process_stats
+from edgeinfer.metrics import WorkerGauges, merge, process_stats
 from edgeinfer.server.http import MetricsRoutes, error_response
 from edgeinfer.server.http_protocol import HttpRequest, HttpResponse, HttpServer
 from edgeinfer.server.ipc import Channel
