@@ -126,6 +126,25 @@ def wait_for(condition: Any, timeout: float = 10.0, what: str = "condition") -> 
     raise AssertionError(f"{what} not met within {timeout} s")
 
 
+def queue_state(port: int, model: str, version: str = "1") -> tuple[float, float]:
+    """(requests queued, requests received and not yet answered) for one model version, from /metrics."""
+    samples = scrape(port)
+    labels = {"model": model, "version": version}
+    return (
+        metric(samples, "edgeinfer_queue_length", **labels),
+        metric(samples, "edgeinfer_inflight_requests", **labels),
+    )
+
+
+def wait_queue(port: int, model: str, queued: int, inflight: int, timeout: float = 20.0) -> None:
+    """Wait until ``model`` has exactly ``queued`` requests waiting and ``inflight`` not yet answered."""
+    wait_for(
+        lambda: queue_state(port, model) == (queued, inflight),
+        timeout,
+        f"{model}: {queued} queued and {inflight} in flight (now {queue_state(port, model)})",
+    )
+
+
 def children(pid: int) -> list[int]:
     """The child processes of ``pid`` (a supervisor's workers, a model's process instances), in the
     order the kernel lists them, whichever of its threads started them."""
@@ -165,19 +184,31 @@ class ServerProcess:
         self.log_path: Path | None = None
 
     def start(self, log_path: Path, timeout: float = 30) -> ServerProcess:
+        """Start and wait until ready. A free port can be taken by another socket (a test client's
+        outgoing connection) between ``free_port()`` and the server's bind: then new ports, twice more."""
         self.log_path = log_path
-        command = [sys.executable, "-m", "edgeinfer", "serve", "--http-port", str(self.port)]
-        command += ["--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port), *self.args]
-        with log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                command, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT
-            )
-        if wait_ready(self.port, timeout, self.process):
-            return self
-        if self.process.poll() is not None:
-            raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
-        self.stop()
-        raise RuntimeError(f"server not ready in {timeout}s:\n{self.log()}")
+        for _attempt in range(3):
+            command = [sys.executable, "-m", "edgeinfer", "serve", "--http-port", str(self.port)]
+            command += [
+                "--grpc-port",
+                str(self.grpc_port),
+                "--metrics-port",
+                str(self.metrics_port),
+                *self.args,
+            ]
+            with log_path.open("wb") as log:
+                self.process = subprocess.Popen(
+                    command, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT
+                )
+            if wait_ready(self.port, timeout, self.process):
+                return self
+            if self.process.poll() is None:
+                self.stop()
+                raise RuntimeError(f"server not ready in {timeout}s:\n{self.log()}")
+            if self.process.returncode != 2 or "Address already in use" not in self.log():
+                break
+            self.port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path else ""

@@ -256,6 +256,7 @@ class InferenceService:
             raise InvalidInput(str(error)) from None
         await self.registry.reload(name, sources)
         self.residency.touch(name)
+        await self.residency.enforce(keep=name)
 
     async def local_unload(self, name: str) -> None:
         await self.registry.unload(name)

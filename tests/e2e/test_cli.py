@@ -2,21 +2,45 @@
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
-from tests.support import ROOT, ServerProcess, free_port, matmul_model, request, wait_ready
+from tests.support import (
+    ROOT,
+    ServerProcess,
+    free_port,
+    infer_body,
+    matmul_model,
+    request,
+    slow_model,
+    wait_for,
+    wait_queue,
+    wait_ready,
+)
+
+ONE_ROW = infer_body({"X": np.ones((1, 16), np.float32)})
 
 
-def edgeinfer(*args: str, cwd: Path = ROOT, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def edgeinfer(
+    *args: str, cwd: Path = ROOT, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "edgeinfer", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "edgeinfer", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
 
 
@@ -159,3 +183,114 @@ def test_make_serve_answers_ready(tmp_path):
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=20)
+
+
+def test_sigterm_answers_what_is_in_flight_and_ready_turns_503(tmp_path):
+    """While a received request finishes, the server is not ready any more; then it exits 0."""
+    slow_model(tmp_path / "slow.onnx")
+    (tmp_path / "config.yaml").write_text(
+        "models:\n  slow: {model_path: slow.onnx, max_batch_size: 0,"
+        " backend_config: {intra_op_num_threads: 1}}\n"
+    )
+    server = ServerProcess(["--config", str(tmp_path / "config.yaml")]).start(tmp_path / "log")
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    tensor = grpcclient.InferInput("X", [8, 256], "FP32")
+    tensor.set_data_from_numpy(np.full((8, 256), 0.01, np.float32))
+    answers: queue.Queue = queue.Queue()
+    try:
+        client.async_infer("slow", [tensor], lambda result, error: answers.put((result, error)))
+        wait_queue(server.port, "slow", 0, 1)
+        server.process.send_signal(signal.SIGTERM)
+        seen: set[int | None] = set()
+        while answers.empty() and None not in seen:  # the gRPC call drains; HTTP answers meanwhile
+            seen.add(_status(server.port, "/v2/health/ready"))
+        result, error = answers.get(timeout=30)
+    finally:
+        client.close()
+    assert error is None, error
+    assert result.as_numpy("Y").shape == (8, 256)
+    assert 503 in seen, "not ready while stopping"
+    assert seen <= {503, None}
+    assert server.process.wait(timeout=30) == 0
+
+
+def test_ready_is_503_and_live_200_while_models_load(tmp_path):
+    (tmp_path / "config.yaml").write_text(
+        "models:\n  slow: {backend: python, model_class: 'tests.python_models.models:SlowToLoad',"
+        " warmup: {enabled: false}}\n"
+    )
+    port = free_port()
+    command = [sys.executable, "-m", "edgeinfer", "serve", "--config", str(tmp_path / "config.yaml")]
+    command += ["--http-port", str(port), "--no-grpc", "--metrics-port", str(free_port())]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: _status(port, "/v2/health/live") == 200, what="liveness")
+        assert _status(port, "/v2/health/ready") == 503, "the model takes a second to load"
+        assert _status(port, "/health") == 503
+        wait_for(lambda: _status(port, "/v2/health/ready") == 200, what="readiness")
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def _status(port: int, path: str) -> int | None:
+    try:
+        return request(port, "GET", path, timeout=2).status
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("model", "words"),
+    [
+        ("'no_such_module:Model'", "cannot import 'no_such_module' for model_class 'no_such_module:Model'"),
+        ("'tests.python_models.models:NotAModel'", "is not a subclass of edgeinfer.Model"),
+        (
+            "'tests.python_models.models:FailsToLoad'",
+            "FailsToLoad.load failed: FileNotFoundError: weights.bin",
+        ),
+        ("'tests.python_models.models'", "must look like 'package.module:ClassName'"),
+    ],
+)
+def test_a_python_model_that_cannot_be_built_is_named(tmp_path, model, words):
+    (tmp_path / "config.yaml").write_text(f"models:\n  m: {{backend: python, model_class: {model}}}\n")
+    result = edgeinfer(
+        "serve", "--config", str(tmp_path / "config.yaml"), "--no-grpc",
+        "--http-port", str(free_port()), "--metrics-port", str(free_port()),
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert result.returncode in (1, 2)
+    assert words in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_fixed_first_dimension_with_batching_is_a_load_error(tmp_path):
+    matmul_model(tmp_path / "fixed.onnx", fixed_batch=2)
+    (tmp_path / "config.yaml").write_text("models:\n  fixed: {model_path: fixed.onnx, max_batch_size: 4}\n")
+    result = edgeinfer(
+        "serve", "--config", str(tmp_path / "config.yaml"), "--no-grpc",
+        "--http-port", str(free_port()), "--metrics-port", str(free_port()),
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "max_batch_size 4 needs a dynamic first dimension on every input and output" in result.stderr
+    assert "X [2, 16], Y [2, 16]; set max_batch_size: 0" in result.stderr
+
+
+def test_access_log_sampling_keeps_every_failure(tmp_path):
+    matmul_model(tmp_path / "m.onnx")
+    (tmp_path / "config.yaml").write_text(
+        "models:\n  m: {model_path: m.onnx}\nlogging: {format: json, access_log_sample_rate: 0}\n"
+    )
+    server = ServerProcess(["--config", str(tmp_path / "config.yaml")]).start(tmp_path / "log")
+    try:
+        for _ in range(20):
+            assert request(server.port, "POST", "/v2/models/m/infer", ONE_ROW).status == 200
+        bad = infer_body({"X": np.ones((1, 3), np.float32)})
+        for _ in range(3):
+            assert request(server.port, "POST", "/v2/models/m/infer", bad).status == 400
+    finally:
+        server.stop()
+    lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+    access = [line for line in lines if line["logger"] == "edgeinfer.access"]
+    assert [line["status"] for line in access] == ["client_error"] * 3, "no success sampled at rate 0"

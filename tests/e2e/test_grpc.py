@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -17,7 +17,7 @@ import tritonclient.grpc.aio as aioclient
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from tests.support import EXAMPLES, NUMERIC_DTYPES, ServerProcess, infer_body, request
+from tests.support import EXAMPLES, NUMERIC_DTYPES, ServerProcess, infer_body, request, scrape, wait_queue
 
 REPO = EXAMPLES / "model_repository"
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -216,8 +216,8 @@ MALFORMED = [
                [b"\x10\x00\x00\x00ab"]),
      grpc.StatusCode.INVALID_ARGUMENT, "BYTES element 0 says 16 bytes but only 2 remain"),
     ("unknown output",
-     _raw_request(model_name="simple", inputs=[SIMPLE_INPUT], outputs=[{"name": "NOPE"}]),
-     grpc.StatusCode.INVALID_ARGUMENT, None),
+     _with_raw({"model_name": "simple", "inputs": [SIMPLE_INPUT], "outputs": [{"name": "NOPE"}]}, [F16]),
+     grpc.StatusCode.INVALID_ARGUMENT, "model 'simple' has no output(s) 'NOPE'; its outputs are: 'OUTPUT0'"),
 ]  # fmt: skip
 
 
@@ -230,8 +230,7 @@ def test_malformed_requests_get_a_clear_status(example_server: ServerProcess, bo
         with pytest.raises(grpc.RpcError) as caught:
             call(body, timeout=10)
         assert caught.value.code() == code
-        if words is not None:
-            assert words in caught.value.details()
+        assert words in caught.value.details()
         # the server keeps serving
         good = channel.unary_unary(METHOD)(
             _with_raw({"model_name": "simple", "inputs": [SIMPLE_INPUT]}, [F16])
@@ -248,7 +247,7 @@ def test_same_messages_as_http(client, example_server: ServerProcess):
     assert "INVALID_ARGUMENT" in str(caught.value.status())
 
 
-def test_http_and_grpc_requests_share_a_batch(special_server: ServerProcess):
+def test_http_and_grpc_requests_share_a_batch(special_server: ServerProcess, special_models: Path):
     port, grpc_port = special_server.port, special_server.grpc_port
 
     def executions_by_size() -> dict[int, int]:
@@ -257,12 +256,13 @@ def test_http_and_grpc_requests_share_a_batch(special_server: ServerProcess):
 
     before = executions_by_size()
     x = np.full((1, 256), 0.01, dtype=np.float32)
+    expected = ort.InferenceSession(str(special_models / "slow.onnx")).run(None, {"X": x})[0]
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
     try:
         with ThreadPoolExecutor(max_workers=8) as pool:
-            blocker_body = infer_body({"X": np.full((5, 256), 0.01, np.float32)})
+            blocker_body = infer_body({"X": np.full((8, 256), 0.01, np.float32)})
             blocker = pool.submit(request, port, "POST", "/v2/models/slow_shared/infer", blocker_body)
-            time.sleep(0.05)  # the blocker runs (5 rows, ~150 ms); what comes now queues together
+            wait_queue(port, "slow_shared", 0, 1)  # the blocker runs; what comes now queues together
             http_calls = [
                 pool.submit(request, port, "POST", "/v2/models/slow_shared/infer", infer_body({"X": x}))
                 for _ in range(3)
@@ -270,17 +270,18 @@ def test_http_and_grpc_requests_share_a_batch(special_server: ServerProcess):
             grpc_calls = [
                 pool.submit(client.infer, "slow_shared", [grpc_input("X", x, "FP32")]) for _ in range(3)
             ]
+            wait_queue(port, "slow_shared", 6, 7)
             assert blocker.result().status == 200
             http_outputs = [call.result().json()["outputs"][0] for call in http_calls]
             grpc_outputs = [call.result().as_numpy("Y") for call in grpc_calls]
     finally:
         client.close()
-    expected = np.array(http_outputs[0]["data"], np.float32).reshape(1, 256)
+    for output in http_outputs:
+        np.testing.assert_allclose(np.array(output["data"], np.float32).reshape(1, 256), expected, rtol=1e-5)
     for output in grpc_outputs:
         np.testing.assert_allclose(output, expected, rtol=1e-5)
     after = executions_by_size()
-    new_sizes = {size for size, count in after.items() if count > before.get(size, 0)} - {5}
-    assert max(new_sizes) > 3, f"a batch held more rows than either protocol sent alone: {new_sizes}"
+    assert after.get(6, 0) == before.get(6, 0) + 1, "the six requests, three per protocol, ran as one batch"
 
 
 def test_grpc_deadline_drops_the_queued_request(special_server: ServerProcess):
@@ -292,23 +293,79 @@ def test_grpc_deadline_drops_the_queued_request(special_server: ServerProcess):
     before = stats()["execution_count"]
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{special_server.grpc_port}")
     x = np.full((1, 256), 0.01, dtype=np.float32)
+    blocker_body = infer_body({"X": np.full((6, 256), 0.01, np.float32)})
     try:
-        blocker = threading.Thread(
-            target=request,
-            args=(
-                port,
-                "POST",
-                "/v2/models/slow_unbatched/infer",
-                infer_body({"X": np.full((6, 256), 0.01, np.float32)}),
-            ),
-        )
-        blocker.start()
-        time.sleep(0.05)
-        with pytest.raises(InferenceServerException) as caught:
-            client.infer("slow_unbatched", [grpc_input("X", x, "FP32")], client_timeout=0.05)
-        assert "DEADLINE_EXCEEDED" in str(caught.value.status())
-        blocker.join()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            blocker = pool.submit(request, port, "POST", "/v2/models/slow_unbatched/infer", blocker_body)
+            wait_queue(port, "slow_unbatched", 0, 1)
+            with pytest.raises(InferenceServerException) as caught:
+                client.infer("slow_unbatched", [grpc_input("X", x, "FP32")], client_timeout=0.05)
+            assert "DEADLINE_EXCEEDED" in str(caught.value.status())
+            wait_queue(port, "slow_unbatched", 0, 1)  # the expired request left the queue
+            assert blocker.result().status == 200
     finally:
         client.close()
-    time.sleep(0.2)
+    wait_queue(port, "slow_unbatched", 0, 0)
     assert stats()["execution_count"] - before == 1, "only the blocker ran"
+
+
+def test_a_malformed_message_inside_a_stream_is_answered_and_the_stream_goes_on(
+    example_server: ServerProcess,
+):
+    good = _with_raw({"model_name": "simple", "inputs": [SIMPLE_INPUT], "id": "good"}, [F16])
+    with grpc.insecure_channel(f"127.0.0.1:{example_server.grpc_port}") as channel:
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        answers = [
+            service_pb2.ModelStreamInferResponse.FromString(raw)
+            for raw in stream(iter([good, b"\xff\xff", good]))
+        ]
+    assert [answer.infer_response.id for answer in answers] == ["good", "", "good"]
+    assert answers[0].error_message == answers[2].error_message == ""
+    assert "not a valid ModelInferRequest" in answers[1].error_message
+
+
+def test_a_request_id_in_metadata_is_used_and_sent_back(example_server: ServerProcess):
+    body = _with_raw({"model_name": "simple", "inputs": [SIMPLE_INPUT]}, [F16])
+    with grpc.insecure_channel(f"127.0.0.1:{example_server.grpc_port}") as channel:
+        _, call = channel.unary_unary(METHOD).with_call(body, metadata=(("x-request-id", "grpc-meta-7"),))
+        trailing = dict(call.trailing_metadata())
+    assert trailing["x-request-id"] == "grpc-meta-7"
+    lines = [json.loads(line) for line in example_server.log().splitlines() if line.startswith("{")]
+    [line] = [line for line in lines if line.get("request_id") == "grpc-meta-7"]
+    assert (line["protocol"], line["model"], line["status"]) == ("grpc", "simple", "success")
+
+
+def test_a_cancelled_call_drops_its_queued_request(special_server: ServerProcess):
+    port = special_server.port
+
+    def counted() -> tuple[int, float]:
+        [entry] = request(port, "GET", "/v2/models/slow_unbatched/versions/1/stats").json()["model_stats"]
+        samples = scrape(port)
+        labels = {"model": "slow_unbatched", "version": "1", "protocol": "grpc", "status": "client_error"}
+        return entry["execution_count"], samples.get("edgeinfer_inference_requests_total", {}).get(
+            tuple(sorted(labels.items())), 0.0
+        )
+
+    executions, cancelled = counted()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{special_server.grpc_port}")
+    answers: queue.Queue = queue.Queue()
+    blocker_body = infer_body({"X": np.full((6, 256), 0.01, np.float32)})
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            blocker = pool.submit(request, port, "POST", "/v2/models/slow_unbatched/infer", blocker_body)
+            wait_queue(port, "slow_unbatched", 0, 1)
+            x = np.full((1, 256), 0.01, dtype=np.float32)
+            context = client.async_infer(
+                "slow_unbatched", [grpc_input("X", x, "FP32")], lambda result, error: answers.put(error)
+            )
+            wait_queue(port, "slow_unbatched", 1, 2)
+            context.cancel()
+            wait_queue(port, "slow_unbatched", 0, 1)  # out of the queue at once
+            assert blocker.result().status == 200
+    finally:
+        client.close()
+    wait_queue(port, "slow_unbatched", 0, 0)
+    assert "CANCELLED" in str(answers.get(timeout=10).status())
+    now_executions, now_cancelled = counted()
+    assert now_executions - executions == 1, "the cancelled request never ran"
+    assert now_cancelled - cancelled == 1, "counted as a client error"

@@ -6,6 +6,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from edgeinfer.protocol.datatypes import v2_datatype
 from tests.support import EXAMPLES, NUMERIC_DTYPES, ServerProcess, infer_body, request
 
 REPO = EXAMPLES / "model_repository"
@@ -91,7 +92,11 @@ def test_nested_data_equals_flat_data(example_server: ServerProcess):
     nested = {"inputs": [{"name": "INPUT0", "shape": [2, 16], "datatype": "FP32", "data": x.tolist()}]}
     a = request(example_server.port, "POST", "/v2/models/simple/infer", flat).json()
     b = request(example_server.port, "POST", "/v2/models/simple/infer", nested).json()
-    assert a["outputs"] == b["outputs"]
+    expected = reference("simple", "2", {"INPUT0": x})["OUTPUT0"]
+    for body in (a, b):
+        np.testing.assert_array_equal(
+            np.array(body["outputs"][0]["data"], np.float32).reshape(2, 16), expected
+        )
 
 
 COMPUTED_OUTPUTS = {"BOOL": ["NOT_BOOL"], "INT64": ["DOUBLE_INT64"], "FP64": ["FP64_AS_FP16"]}
@@ -116,7 +121,7 @@ def test_every_numeric_datatype_round_trips(example_server: ServerProcess, name:
     for output_name in wanted:
         want = expected[output_name]
         got = outputs[output_name]
-        assert got["datatype"] == (name if output_name.startswith("OUT_") else got["datatype"])
+        assert got["datatype"] == v2_datatype(want.dtype)
         assert got["shape"] == list(want.shape)
         np.testing.assert_array_equal(np.array(got["data"], dtype=want.dtype).reshape(want.shape), want)
 
@@ -146,20 +151,22 @@ def test_v1_models_lists_every_version_with_state(example_server: ServerProcess)
 def test_v1_predict_takes_and_returns_v2_bodies(example_server: ServerProcess):
     x = np.ones((1, 16), dtype=np.float32)
     v1 = request(example_server.port, "POST", "/v1/models/simple/predict", infer_body({"INPUT0": x})).json()
-    v2 = request(example_server.port, "POST", "/v2/models/simple/infer", infer_body({"INPUT0": x})).json()
-    assert v1 == v2
+    assert (v1["model_name"], v1["model_version"]) == ("simple", "2")
+    expected = reference("simple", "2", {"INPUT0": x})["OUTPUT0"]
+    np.testing.assert_array_equal(np.array(v1["outputs"][0]["data"], np.float32).reshape(1, 16), expected)
     pinned = request(
         example_server.port, "POST", "/v1/models/simple/versions/1/predict", infer_body({"INPUT0": x})
     ).json()
     assert pinned["model_version"] == "1"
+    expected = reference("simple", "1", {"INPUT0": x})["OUTPUT0"]
+    np.testing.assert_array_equal(np.array(pinned["outputs"][0]["data"], np.float32).reshape(1, 16), expected)
 
 
 def test_model_named_in_config_is_served_beside_the_repository(example_server: ServerProcess):
     x = np.ones((1, 16), dtype=np.float32)
-    a = request(
+    reply = request(
         example_server.port, "POST", "/v2/models/simple_direct/infer", infer_body({"INPUT0": x})
     ).json()
-    b = request(
-        example_server.port, "POST", "/v2/models/simple/versions/1/infer", infer_body({"INPUT0": x})
-    ).json()
-    assert a["outputs"] == b["outputs"]
+    assert (reply["model_name"], reply["model_version"]) == ("simple_direct", "1")
+    expected = reference("simple", "1", {"INPUT0": x})["OUTPUT0"]  # the same file, named in the config
+    np.testing.assert_array_equal(np.array(reply["outputs"][0]["data"], np.float32).reshape(1, 16), expected)

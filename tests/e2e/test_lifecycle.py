@@ -6,22 +6,12 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.support import ServerProcess, dynamic_model, infer_body, matmul_model, request
-
-
-def wait_for(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
+from tests.support import ServerProcess, dynamic_model, infer_body, matmul_model, request, wait_for
 
 
 def index(port: int) -> dict[tuple[str, str], dict]:
@@ -116,3 +106,30 @@ def test_a_model_whose_warmup_fails_is_not_served(tmp_path: Path):
     assert result.returncode == 1
     assert "warmup sample" in result.stderr
     assert "does not fit the model" in result.stderr
+
+
+def test_a_broken_version_found_by_polling_leaves_the_old_one_serving(tmp_path: Path):
+    repo = tmp_path / "repo"
+    matmul_model(repo / "m" / "1" / "model.onnx", seed=1)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"model_store_path: {repo}\nrepository: {{poll_interval_s: 0.2}}\nlogging: {{format: json}}\n"
+    )
+    server = ServerProcess(["--config", str(config)]).start(tmp_path / "log")
+    port = server.port
+    try:
+        broken = repo / "m" / "2" / "model.onnx"
+        broken.parent.mkdir()
+        broken.write_bytes(b"half a model")
+        wait_for(lambda: index(port).get(("m", "2"), {}).get("state") == "UNAVAILABLE")
+        failed = index(port)["m", "2"]
+        assert "cannot load" in failed["reason"]
+        assert str(broken) in failed["reason"]
+        assert index(port)["m", "1"]["state"] == "READY"
+        reply = request(port, "POST", "/v2/models/m/infer", ONE_ROW)
+        assert (reply.status, reply.json()["model_version"]) == (200, "1"), "the old version serves on"
+        assert "repository: cannot load model 'm'" in server.log()
+        matmul_model(broken, seed=2)  # fixed: the next poll loads it
+        wait_for(lambda: request(port, "POST", "/v2/models/m/infer", ONE_ROW).json()["model_version"] == "2")
+    finally:
+        server.stop()

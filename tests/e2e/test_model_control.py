@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import ServerProcess, infer_body, matmul_model, request, slow_model
+from tests.support import ServerProcess, infer_body, matmul_model, request, slow_model, wait_for, wait_queue
 
 
 @pytest.fixture
@@ -46,7 +45,15 @@ def test_unload_and_load_over_http(repo_server):
         assert not client.is_model_ready("alpha")
         status, body = infer(server.port, "alpha")
         assert status == 503
-        assert "no version ready" in body["error"]
+        assert body["error"] == "model 'alpha' has no version ready to serve"
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+        tensor = grpcclient.InferInput("X", [1, 16], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+        with pytest.raises(InferenceServerException) as caught:
+            grpc.infer("alpha", [tensor])
+        grpc.close()
+        assert caught.value.status() == "StatusCode.UNAVAILABLE"
+        assert caught.value.message() == "model 'alpha' has no version ready to serve"
         index = {(entry["name"], entry["version"]): entry for entry in client.get_model_repository_index()}
         assert index["alpha", "1"]["state"] == "UNAVAILABLE"
         assert index["alpha", "1"]["reason"] == "unloaded"
@@ -99,7 +106,10 @@ def test_a_broken_new_version_leaves_the_old_one_serving(repo_server):
     assert failed["state"] == "UNAVAILABLE"
     assert "cannot load" in failed["reason"]
     ready_only = request(server.port, "POST", "/v2/repository/index", {"ready": True}).json()
-    assert all(entry["state"] == "READY" for entry in ready_only)
+    assert ready_only == [
+        {"name": "alpha", "version": "1", "state": "READY", "reason": ""},
+        {"name": "beta", "version": "1", "state": "READY", "reason": ""},
+    ]
 
 
 def test_unknown_models_and_bad_overrides(repo_server):
@@ -109,6 +119,7 @@ def test_unknown_models_and_bad_overrides(repo_server):
     assert "no model named 'nope'" in reply.error
     reply = request(server.port, "POST", "/v2/repository/models/nope/unload")
     assert reply.status == 404
+    assert reply.error == "unknown model 'nope'"
     bad = {"parameters": {"config": '{"max_batchsize": 4}'}}
     reply = request(server.port, "POST", "/v2/repository/models/alpha/load", bad)
     assert reply.status == 400
@@ -143,22 +154,24 @@ def test_replacing_a_version_under_traffic_fails_no_request(repo_server):
     threads = [threading.Thread(target=traffic) for _ in range(4)]
     for thread in threads:
         thread.start()
-    time.sleep(0.2)
     replacement = repo / "beta" / "1" / "model.onnx"
-    staged = repo.parent / "staged.onnx"
-    matmul_model(staged, seed=5)
-    shutil.move(staged, replacement)
-    reply = request(server.port, "POST", "/v2/repository/models/beta/load")
-    assert reply.status == 200, reply.body
-    time.sleep(0.2)
-    stop.set()
-    for thread in threads:
-        thread.join()
-    new = expected(replacement)
-    assert len(statuses) > 50
+    try:
+        wait_for(lambda: len(outputs) >= 20, what="answers from the old model")
+        staged = repo.parent / "staged.onnx"
+        matmul_model(staged, seed=5)
+        new = expected(staged)
+        shutil.move(staged, replacement)
+        reply = request(server.port, "POST", "/v2/repository/models/beta/load")
+        assert reply.status == 200, reply.body
+        swapped_at = len(outputs)
+        wait_for(lambda: len(outputs) >= swapped_at + 20, what="answers after the swap")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
     assert set(statuses) == {200}, "no request failed during the swap"
     assert np.allclose(outputs[0], old[0])
-    assert np.allclose(outputs[-1], new[0])
+    assert all(np.allclose(out, new[0]) for out in outputs[-10:]), "the new model answers after the swap"
     assert all(np.allclose(out, old[0]) or np.allclose(out, new[0]) for out in outputs)
 
 
@@ -179,27 +192,25 @@ def test_upgrade_and_rollback_under_traffic_name_the_serving_version(repo_server
             output = np.array(body["outputs"][0]["data"], np.float32) if status == 200 else None
             seen.append((status, body.get("model_version", ""), output))
 
+    def answered_by(version: str, count: int) -> bool:
+        return len(seen) >= count and {answer[1] for answer in seen[-count:]} == {version}
+
     threads = [threading.Thread(target=traffic) for _ in range(6)]
     for thread in threads:
         thread.start()
     try:
-        time.sleep(0.2)
+        wait_for(lambda: answered_by("1", 20), what="version 1 serving")
         shutil.move(staged / "2", repo / "beta" / "2")  # upgrade: version 2 appears (latest: 1)
         assert request(server.port, "POST", "/v2/repository/models/beta/load").status == 200
-        time.sleep(0.3)
+        wait_for(lambda: answered_by("2", 20), what="version 2 serving")
         shutil.rmtree(repo / "beta" / "2")  # roll back: version 2 goes away, version 1 serves again
         assert request(server.port, "POST", "/v2/repository/models/beta/load").status == 200
-        time.sleep(0.3)
+        wait_for(lambda: answered_by("1", 20), what="version 1 serving again")
     finally:
         stop.set()
         for thread in threads:
             thread.join()
-    assert len(seen) > 200, "hundreds of requests during the swaps"
     assert {status for status, _, _ in seen} == {200}, "no request failed"
-    versions = [version for _, version, _ in seen]
-    assert versions[0] == "1"
-    assert "2" in versions
-    assert versions[-1] == "1"
     for _, version, output in seen:
         np.testing.assert_allclose(output, reference[version][0], rtol=1e-6)
 
@@ -217,13 +228,14 @@ def test_unloading_answers_what_is_queued_first(tmp_path: Path):
             queued = [
                 pool.submit(request, server.port, "POST", "/v2/models/slow/infer", body) for _ in range(4)
             ]
-            time.sleep(0.05)
+            wait_queue(server.port, "slow", 3, 4)  # one running, three queued
             unloaded = request(server.port, "POST", "/v2/repository/models/slow/unload")
             statuses = [future.result().status for future in queued]
         assert unloaded.status == 200
         assert statuses == [200] * 4, "requests queued before the unload were answered"
         after = request(server.port, "POST", "/v2/models/slow/infer", body)
         assert after.status == 503
+        assert after.error == "model 'slow' has no version ready to serve"
         index = request(server.port, "POST", "/v2/repository/index").json()
         assert index == [{"name": "slow", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}]
     finally:

@@ -18,7 +18,16 @@ models:
   scale: {backend: python, model_class: "tests.python_models.models:Scale", max_batch_size: 16}
   negate: {backend: python, model_class: "tests.python_models.models:Negate", max_batch_size: 16}
   topk: {backend: python, model_class: "tests.python_models.models:TopK", max_batch_size: 16}
-  mm: {model_path: mm.onnx, max_batch_size: 32, batch_timeout_millis: 80}
+  mm: {model_path: mm.onnx, max_batch_size: 32}
+  # sends a batch once it holds 8 rows (the timeout only stops a broken test from hanging)
+  mm8: {model_path: mm.onnx, max_batch_size: 8, preferred_batch_sizes: [8], batch_timeout_millis: 20000}
+  pipe8:
+    backend: pipeline
+    pipeline:
+      inputs: [{name: INPUT, datatype: FP32, shape: [-1, 16]}]
+      outputs: [{name: SCORES, datatype: FP32, shape: [-1, 16], from: model.Y}]
+      steps:
+        - {name: model, model: mm8, inputs: {X: INPUT}}
   pipe:
     backend: pipeline
     pipeline:
@@ -89,26 +98,39 @@ def test_a_failing_step_is_named(pipeline_server):
 
 
 def test_pipeline_and_direct_traffic_batch_together(pipeline_server):
-    server, _ = pipeline_server
+    """mm8 runs a batch when 8 rows are queued: 4 direct requests and 4 through pipe8 make exactly one."""
+    server, root = pipeline_server
 
     def sizes() -> dict[int, int]:
-        [entry] = request(server.port, "GET", "/v2/models/mm/stats").json()["model_stats"]
+        [entry] = request(server.port, "GET", "/v2/models/mm8/stats").json()["model_stats"]
         return {b["batch_size"]: b["compute_infer"]["count"] for b in entry["batch_stats"]}
 
     before = sizes()
-    x = infer_body({"X": np.ones((1, 16), np.float32)})
-    through_pipeline = infer_body({"INPUT": np.ones((1, 16), np.float32)})
+    rows = np.random.default_rng(5).standard_normal((8, 16)).astype(np.float32)
     with ThreadPoolExecutor(max_workers=8) as pool:
-        calls = [pool.submit(request, server.port, "POST", "/v2/models/mm/infer", x) for _ in range(4)]
-        calls += [
-            pool.submit(request, server.port, "POST", "/v2/models/pipe/infer", through_pipeline)
-            for _ in range(4)
+        direct = [
+            pool.submit(request, server.port, "POST", "/v2/models/mm8/infer", infer_body({"X": row[None]}))
+            for row in rows[:4]
         ]
-        assert all(call.result().status == 200 for call in calls)
-    grown = {size for size, count in sizes().items() if count > before.get(size, 0)}
-    assert max(grown) > 4, f"a batch of mm held direct and pipeline requests together: {grown}"
-    stats = request(server.port, "GET", "/v2/models/pipe/stats").json()["model_stats"][0]
-    assert stats["inference_stats"]["success"]["count"] >= 4
+        piped = [
+            pool.submit(
+                request, server.port, "POST", "/v2/models/pipe8/infer", infer_body({"INPUT": row[None]})
+            )
+            for row in rows[4:]
+        ]
+        replies = [call.result() for call in direct + piped]
+    expected = ort.InferenceSession(str(root / "mm.onnx")).run(None, {"X": rows})[0]
+    for index, reply in enumerate(replies):
+        assert reply.status == 200, reply.body
+        np.testing.assert_allclose(
+            np.array(reply.json()["outputs"][0]["data"], np.float32), expected[index], rtol=1e-5
+        )
+    grown = {
+        size: count - before.get(size, 0) for size, count in sizes().items() if count > before.get(size, 0)
+    }
+    assert grown == {8: 1}, "one batch of mm8 held the direct and the pipeline requests together"
+    stats = request(server.port, "GET", "/v2/models/pipe8/stats").json()["model_stats"][0]
+    assert stats["inference_stats"]["success"]["count"] == 4
 
 
 def test_a_pipeline_wired_to_nothing_is_refused_at_load(tmp_path: Path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import socket
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import orjson
 
-from tests.support import ServerProcess, infer_body, request
+from tests.support import ServerProcess, infer_body, request, wait_queue
 
 
 def stats(server: ServerProcess, model: str) -> dict:
@@ -47,39 +46,43 @@ def test_concurrent_requests_with_different_rows_get_their_own_rows(special_serv
     assert max(entry["batch_size"] for entry in after["batch_stats"]) <= 16
 
 
-def test_a_full_queue_gets_429_quickly_with_retry_after(special_server):
-    replies = []
+def test_a_full_queue_gets_429_at_once_with_retry_after(special_server):
+    """slow: max_queue_size 4. One batch running, four queued: the next requests are refused before the
+    running one finishes, i.e. without waiting."""
+    port = special_server.port
+    finished: list[tuple[str, int]] = []
     lock = threading.Lock()
 
-    def call() -> None:
-        started = time.monotonic()
-        reply = request(special_server.port, "POST", "/v2/models/slow/infer", slow_body(8))
+    def call(label: str, rows: int) -> None:
+        reply = request(port, "POST", "/v2/models/slow/infer", slow_body(rows))
         with lock:
-            replies.append((reply, time.monotonic() - started))
+            finished.append((label, reply.status))
 
-    threads = [threading.Thread(target=call) for _ in range(12)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    rejected = [(reply, took) for reply, took in replies if reply.status == 429]
-    assert rejected, [reply.status for reply, _ in replies]
-    assert {reply.status for reply, _ in replies} <= {200, 429}
-    for reply, took in rejected:
-        assert "max_queue_size" in reply.error
+    with ThreadPoolExecutor(max_workers=5) as pool:
+        blocker = pool.submit(call, "blocker", 8)
+        wait_queue(port, "slow", 0, 1)
+        queued = [pool.submit(call, "queued", 8) for _ in range(4)]
+        wait_queue(port, "slow", 4, 5)
+        rejected = [request(port, "POST", "/v2/models/slow/infer", slow_body(1)) for _ in range(3)]
+        with lock:
+            assert not finished, "the rejections came while the first batch was still running"
+        for future in (blocker, *queued):
+            future.result()
+    for reply in rejected:
+        assert reply.status == 429
+        assert "'slow' version 1 has 4 requests queued, its limit (max_queue_size)" in reply.error
         assert int(reply.headers["retry-after"]) >= 1
-        assert took < 0.25, "refused at once, not after waiting"
+    assert sorted(status for _, status in finished) == [200] * 5
 
 
 def test_an_expired_deadline_gets_504_and_is_never_run(special_server):
+    port = special_server.port
     before = stats(special_server, "slow_unbatched")
     with ThreadPoolExecutor(max_workers=1) as pool:
-        long_running = pool.submit(
-            request, special_server.port, "POST", "/v2/models/slow_unbatched/infer", slow_body(6)
-        )
-        time.sleep(0.05)
+        long_running = pool.submit(request, port, "POST", "/v2/models/slow_unbatched/infer", slow_body(6))
+        wait_queue(port, "slow_unbatched", 0, 1)
         reply = request(
-            special_server.port,
+            port,
             "POST",
             "/v2/models/slow_unbatched/infer",
             slow_body(3, parameters={"timeout": 20_000}),  # microseconds, as Triton clients send it
@@ -88,31 +91,34 @@ def test_an_expired_deadline_gets_504_and_is_never_run(special_server):
     assert reply.status == 504
     assert "timed out after" in reply.error
     assert "it was not run" in reply.error
+    wait_queue(port, "slow_unbatched", 0, 0)
     after = stats(special_server, "slow_unbatched")
     assert after["execution_count"] - before["execution_count"] == 1, "only the long request ran"
     assert after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"] == 1
 
 
 def test_a_closed_connection_is_not_executed(special_server):
+    """A request queued behind a running one, whose client hangs up: dropped from the queue, never run."""
+    port = special_server.port
     before = stats(special_server, "slow_unbatched")
     with ThreadPoolExecutor(max_workers=1) as pool:
-        long_running = pool.submit(
-            request, special_server.port, "POST", "/v2/models/slow_unbatched/infer", slow_body(6)
-        )
-        time.sleep(0.05)
+        long_running = pool.submit(request, port, "POST", "/v2/models/slow_unbatched/infer", slow_body(6))
+        wait_queue(port, "slow_unbatched", 0, 1)
         body = orjson.dumps(slow_body(2))
-        with socket.create_connection(("127.0.0.1", special_server.port)) as sock:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
             sock.sendall(
                 b"POST /v2/models/slow_unbatched/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
                 + str(len(body)).encode()
                 + b"\r\n\r\n"
                 + body
             )
-            time.sleep(0.02)  # queued behind the long request
+            wait_queue(port, "slow_unbatched", 1, 2)  # it is queued behind the long request
+        wait_queue(port, "slow_unbatched", 0, 1)  # the hang-up took it out of the queue
         assert long_running.result().status == 200
-    time.sleep(0.1)
+    wait_queue(port, "slow_unbatched", 0, 0)
     after = stats(special_server, "slow_unbatched")
     assert after["execution_count"] - before["execution_count"] == 1, "only the long request ran"
+    assert after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"] == 1
 
 
 def test_a_model_failure_is_a_500_and_the_next_request_succeeds(special_server):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
+import logging
 import threading
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from edgeinfer.errors import ModelLoadError
-from edgeinfer.repository.remote import fetch_url
+from edgeinfer.repository.remote import S3Mirror, fetch_url
 from tests.support import ServerProcess, free_port, infer_body, matmul_model, request
 
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -103,3 +104,52 @@ def test_a_corrupt_download_never_replaces_a_good_copy(file_server, tmp_path: Pa
     assert good.read_bytes() == original
     assert not list(cache.glob("*.partial"))
     assert fetch_url(f"{base}/m.onnx", digest, cache) == good, "a matching cached copy is reused"
+
+
+class _BreaksOff:
+    """A remote file whose connection drops after ``limit`` bytes (what a flaky uplink does)."""
+
+    def __init__(self, inner, limit: int) -> None:
+        self.inner, self.left = inner, limit
+
+    def read(self, size: int = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        data = self.inner.read(self.left if size < 0 else min(size, self.left))
+        self.left -= len(data)
+        return data
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.inner.close()
+
+
+def test_an_s3_mirror_drops_deleted_objects_and_never_keeps_a_partial_download(
+    s3, tmp_path: Path, monkeypatch, caplog
+):
+    endpoint, client = s3
+    first, second = matmul_model(tmp_path / "a.onnx", seed=1), matmul_model(tmp_path / "b.onnx", seed=2)
+    client.upload_file(str(first), "models", "edge/m/1/model.onnx")
+    client.upload_file(str(second), "models", "edge/m/2/model.onnx")
+    mirror = S3Mirror("s3://models/edge", tmp_path / "cache", endpoint)
+    mirror.sync()
+    local = mirror.local / "m"
+    assert (local / "2" / "model.onnx").read_bytes() == second.read_bytes()
+
+    client.delete_object(Bucket="models", Key="edge/m/2/model.onnx")
+    mirror.sync()
+    assert not (local / "2").exists(), "an object deleted from the bucket leaves the mirror"
+
+    client.upload_file(str(second), "models", "edge/m/1/model.onnx")  # version 1 changes in the bucket
+    real_open = mirror.fs.open
+    monkeypatch.setattr(mirror.fs, "open", lambda key, mode="rb": _BreaksOff(real_open(key, mode), 100))
+    with caplog.at_level(logging.ERROR, logger="edgeinfer.repository.remote"):
+        mirror.sync()
+    assert "arrived corrupt or partial (100 of" in caplog.text
+    assert (local / "1" / "model.onnx").read_bytes() == first.read_bytes(), "the good copy stays"
+    assert not list(mirror.local.rglob("*.partial"))
+    monkeypatch.setattr(mirror.fs, "open", real_open)
+    mirror.sync()  # the next sync, with a working connection, brings the new file
+    assert (local / "1" / "model.onnx").read_bytes() == second.read_bytes()

@@ -3,13 +3,21 @@ unloading idle on-demand models."""
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from tests.support import ROOT, ServerProcess, infer_body, matmul_model, request
+from tests.support import (
+    ROOT,
+    ServerProcess,
+    infer_body,
+    matmul_model,
+    request,
+    slow_model,
+    wait_for,
+    wait_queue,
+)
 
 ONE_ROW = infer_body({"X": np.ones((1, 16), np.float32)})
 
@@ -36,7 +44,6 @@ def test_lru_eviction_and_loading_on_demand(tmp_path: Path):
     try:
         assert states(port)["c"] == ("UNAVAILABLE", "evicted"), "on_demand: not loaded at start-up"
         assert request(port, "POST", "/v2/models/a/infer", ONE_ROW).status == 200
-        time.sleep(0.01)
         assert request(port, "POST", "/v2/models/b/infer", ONE_ROW).status == 200
         with ThreadPoolExecutor(max_workers=10) as pool:  # ten first requests for c at once
             replies = list(
@@ -64,9 +71,7 @@ def test_idle_on_demand_models_are_unloaded(tmp_path: Path):
     try:
         assert request(server.port, "POST", "/v2/models/m/infer", ONE_ROW).status == 200
         assert states(server.port)["m"][0] == "READY"
-        deadline = time.monotonic() + 5
-        while states(server.port)["m"][0] == "READY" and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: states(server.port)["m"][0] != "READY", what="the idle unload")
         assert states(server.port)["m"] == ("UNAVAILABLE", "evicted")
         assert request(server.port, "POST", "/v2/models/m/infer", ONE_ROW).status == 200
     finally:
@@ -106,9 +111,44 @@ def test_a_request_waiting_for_an_on_demand_load_is_bounded_by_its_timeout(tmp_p
         )
         assert reply.status == 504
         assert "model 'slow' is still loading after 0.100 s" in reply.error
-        deadline = time.monotonic() + 10
-        while states(server.port)["slow"][0] != "READY" and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: states(server.port)["slow"][0] == "READY", what="the load going on")
         assert request(server.port, "POST", "/v2/models/slow/infer", body).status == 200, "the load went on"
+    finally:
+        server.stop()
+
+
+def test_resident_models_are_never_evicted_and_busy_ones_are_skipped(tmp_path: Path):
+    """max_loaded_models 2 with a resident model: only lru models make room, and never one that is
+    answering a request at the time."""
+    repo = tmp_path / "repo"
+    matmul_model(repo / "keep" / "1" / "model.onnx", seed=1)
+    slow_model(repo / "busy" / "1" / "model.onnx")
+    matmul_model(repo / "later" / "1" / "model.onnx", seed=3)
+    (repo / "keep" / "config.yaml").write_text("residency: resident\n")
+    (repo / "busy" / "config.yaml").write_text(
+        "residency: lru\nmax_batch_size: 0\nbackend_config: {intra_op_num_threads: 1}\n"
+    )
+    (repo / "later" / "config.yaml").write_text("residency: on_demand\n")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"model_store_path: {repo}\nresidency: {{max_loaded_models: 2}}\n")
+    server = ServerProcess(["--config", str(config)]).start(tmp_path / "log")
+    port = server.port
+    slow = infer_body({"X": np.full((8, 256), 0.01, np.float32)})
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            running = pool.submit(request, port, "POST", "/v2/models/busy/infer", slow)
+            wait_queue(port, "busy", 0, 1)
+            assert request(port, "POST", "/v2/models/later/infer", ONE_ROW).status == 200
+            now = states(port)
+            assert now["keep"][0] == "READY", "resident: never evicted"
+            assert now["busy"][0] == "READY", "busy: skipped while it answers"
+            assert running.result().status == 200
+        assert "every loaded model is resident or busy" in server.log()
+        assert request(port, "POST", "/v2/models/keep/infer", ONE_ROW).status == 200
+        # now nothing is busy: the next load (here through the repository API) makes room with `busy`
+        assert request(port, "POST", "/v2/repository/models/later/load").status == 200
+        now = states(port)
+        assert (now["keep"][0], now["later"][0]) == ("READY", "READY")
+        assert now["busy"] == ("UNAVAILABLE", "evicted")
     finally:
         server.stop()

@@ -203,3 +203,21 @@ class Greeter(edgeinfer.Model):
                 }
             )
         return answers
+
+
+class FailsToLoad(edgeinfer.Model):
+    inputs = [edgeinfer.TensorSpec("x", "FP32", (-1, 4))]
+    outputs = [edgeinfer.TensorSpec("y", "FP32", (-1, 4))]
+
+    def load(self) -> None:
+        raise FileNotFoundError("weights.bin is missing")
+
+    def predict_batch(self, inputs):
+        return {"y": inputs["x"]}
+
+
+class NotAModel:
+    """Has the methods but not the base class."""
+
+    def predict(self, requests):
+        return []

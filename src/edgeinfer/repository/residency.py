@@ -57,8 +57,7 @@ class Residency:
 
     async def _load_within_limits(self, name: str) -> None:
         self.touch(name)
-        await self._load(name)
-        await self.enforce(keep=name)
+        await self._load(name)  # the service's load, which keeps the limits
 
     async def enforce(self, keep: str | None = None) -> None:
         """Evict least recently used models until the limits hold (``keep`` is never chosen)."""
