@@ -378,7 +378,8 @@ def measure(
     )
 
 
-def edgeinfer_config(paths: dict[str, Path], threads: int) -> Path:
+def edgeinfer_config(paths: dict[str, Path], threads: int, python: bool = False) -> Path:
+    """The benchmark's server config; ``python``: with the pure-Python models too (the scaling cases)."""
     config = {
         "models": {
             "tiny": {
@@ -397,25 +398,23 @@ def edgeinfer_config(paths: dict[str, Path], threads: int) -> Path:
                 "prefetch_batches": 1,
                 "max_queue_size": 1024,
             },
-            "python_thread": {
-                "backend": "python",
-                "model_class": "python_models:BoxBlur",
-                "max_batch_size": 8,
-                "max_queue_size": 1024,
-            },
-            "python_process": {
-                "backend": "python",
-                "model_class": "python_models:BoxBlur",
-                "kind": "process",
-                "instances": 2,
-                "max_batch_size": 8,
-                "max_queue_size": 1024,
-            },
         },
         "python_path": [str(HERE)],
         "logging": {"level": "WARNING"},
     }
-    path = WORK / "edgeinfer.yaml"
+    if python:
+        config["models"]["python_thread"] = {
+            "backend": "python",
+            "model_class": "python_models:BoxBlur",
+            "max_batch_size": 8,
+            "max_queue_size": 1024,
+        }
+        config["models"]["python_process"] = {
+            **config["models"]["python_thread"],
+            "kind": "process",
+            "instances": 2,
+        }
+    path = WORK / ("edgeinfer-python.yaml" if python else "edgeinfer.yaml")
     path.write_text(json.dumps(config))  # JSON is YAML
     return path
 
@@ -605,7 +604,7 @@ def main() -> None:
     scaled: list[Row] = []
     ceilings: dict[str, float] = {}
     if "edgeinfer" in args.servers and not args.no_scaling:
-        scaled, ceilings = scaling(config, args.duration, limits)
+        scaled, ceilings = scaling(edgeinfer_config(paths, args.threads, python=True), args.duration, limits)
     summary = table(rows)
     ratios = scaling_summary(scaled)
     print("\n" + summary)

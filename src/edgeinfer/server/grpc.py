@@ -7,7 +7,7 @@ for why), and a body that does not parse as the expected message is answered INV
 
 A client's deadline becomes the request's deadline in the queue, and a cancelled call cancels its
 queued request, so neither is run for nobody. A request id sent as ``x-request-id`` metadata is used
-(else the request's V2 ``id``) and sent back in the trailing metadata, as HTTP does with the header.
+(else the request's V2 ``id``) and sent back in the trailing metadata, as HTTP echoes the header.
 """
 
 from __future__ import annotations
@@ -218,7 +218,10 @@ class GrpcServer:
         return self.service.call("grpc", request.model_name, request.model_version or None, given_id)
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        call = self._call(request, _request_id(context))
+        given_id = _request_id(context)
+        call = self._call(request, given_id)
+        if given_id is not None:  # echoed as HTTP echoes X-Request-ID (metadata costs: only when sent)
+            context.set_trailing_metadata((("x-request-id", given_id),))
         try:
             decoded = call.decode(grpc_codec.decode_infer_request, request)
             await call.submit(decoded, context.time_remaining())  # a cancelled call drops the request
@@ -229,8 +232,6 @@ class GrpcServer:
         except BaseException as error:
             call.fail(error)
             raise
-        finally:
-            context.set_trailing_metadata((("x-request-id", call.request_id),))
         return response
 
     async def model_stream_infer(

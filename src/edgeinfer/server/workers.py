@@ -115,6 +115,7 @@ class Supervisor:
         self._metrics_http: HttpServer | None = None
         self._applied: dict[str, tuple[str, dict[str, Any] | None]] = {}  # replayed to new workers
         self._inherited_only: list[int] = []  # supervisor-side descriptors a worker closes at once
+        self._startup_fd = -1
         self._poller: RepositoryPoller | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -139,7 +140,8 @@ class Supervisor:
         # Until every worker is ready, the supervisor answers on the HTTP port itself (a duplicate of the
         # socket, so that closing its server later leaves the workers' socket open).
         startup_socket = self._http_socket.dup()
-        self._inherited_only.append(startup_socket.fileno())
+        self._startup_fd = startup_socket.fileno()
+        self._inherited_only.append(self._startup_fd)
         self._startup = HttpServer(_starting, error_response, 64 * 1024)
         await self._startup.start(startup_socket)
         if config.metrics_port is not None:
@@ -258,6 +260,7 @@ class Supervisor:
         if self._startup is not None:
             await self._startup.stop()  # connections from now on wait in the backlog for the workers
             self._startup = None
+            self._inherited_only.remove(self._startup_fd)  # closed: its number may be reused
         self._serving = True
         log.info("all %d workers are ready", self._count)
         for worker in self._workers:
