@@ -14,11 +14,23 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 import edgeinfer
 from edgeinfer.config import Config
 from tests.python_models.models import Doubler
-from tests.support import ROOT, ServerProcess, children, free_port, infer_body, request, wait_for, wait_ready
+from tests.support import (
+    ROOT,
+    ServerProcess,
+    children,
+    free_port,
+    infer_body,
+    metric,
+    request,
+    scrape,
+    wait_for,
+    wait_ready,
+)
 
 CONFIG = """
 models:
@@ -28,6 +40,8 @@ models:
   wrong: {backend: python, model_class: "tests.python_models.models:WrongCount", max_batch_size: 0}
   summed: {backend: python, model_class: "tests.python_models.models:BatchSum", max_batch_size: 16}
   positive: {backend: python, model_class: "tests.python_models.models:PositiveOnly"}
+  complex:
+    {backend: python, model_class: "tests.python_models.models:ComplexOutput", warmup: {enabled: false}}
   greeter: {backend: python, model_class: "tests.python_models.models:Greeter", max_batch_size: 8}
   pixels:
     backend: python
@@ -287,3 +301,35 @@ def test_process_instances_need_an_importable_class(tmp_path: Path):
     assert result.returncode != 0
     assert "Local is defined in the script being run (__main__)" in result.stderr
     assert "move it into a module" in result.stderr
+
+
+def test_an_output_of_the_wrong_kind_is_the_same_500_over_both_protocols(python_server):
+    """A model's bug (complex numbers for an FP32 output) is a server error on HTTP and gRPC alike,
+    named the same way and counted as `error`, never as a success."""
+    message = "predict returned output 'y' as complex64 values, but the model declares it FP32"
+    reply = request(python_server.port, "POST", "/v2/models/complex/infer", x_rows(1.0))
+    assert (reply.status, reply.error) == (500, message)
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{python_server.grpc_port}")
+    tensor = grpcclient.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    try:
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("complex", [tensor])
+    finally:
+        client.close()
+    assert caught.value.status() == "StatusCode.INTERNAL"
+    assert caught.value.message() == message
+    samples = scrape(python_server.port)
+    for protocol in ("http", "grpc"):
+        labels = {"model": "complex", "version": "1", "protocol": protocol, "status": "error"}
+        assert metric(samples, "edgeinfer_inference_requests_total", **labels) == 1
+    assert not any(
+        ("model", "complex") in labels and ("status", "success") in labels
+        for labels in samples["edgeinfer_inference_requests_total"]
+    )
+
+
+def test_python_lists_become_the_declared_datatype(python_server):
+    reply = request(python_server.port, "POST", "/v2/models/greeter/infer", {"parameters": {"name": "Cy"}})
+    [_, length] = reply.json()["outputs"]
+    assert (length["datatype"], length["data"]) == ("INT64", [2])

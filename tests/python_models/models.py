@@ -221,3 +221,13 @@ class NotAModel:
 
     def predict(self, requests):
         return []
+
+
+class ComplexOutput(edgeinfer.Model):
+    """A model with a bug: its output holds complex numbers where it declares FP32."""
+
+    inputs = [edgeinfer.TensorSpec("x", "FP32", (-1, 4))]
+    outputs = [edgeinfer.TensorSpec("y", "FP32", (-1, 4))]
+
+    def predict(self, requests):
+        return [{"y": request.inputs["x"] * 1j} for request in requests]

@@ -47,6 +47,7 @@ import orjson
 
 from edgeinfer.backends import LoadContext, can_batch
 from edgeinfer.errors import ConfigError, InferenceFailed, InvalidInput, ModelLoadError
+from edgeinfer.protocol.datatypes import numpy_dtype
 from edgeinfer.protocol.types import Parameters, TensorSpec
 from edgeinfer.runners import BatchTimes, Result, Runner, RunnerSettings, Work
 from edgeinfer.runners.arrays import concatenating
@@ -266,8 +267,25 @@ def _check_outputs(response: Any, outputs: tuple[TensorSpec, ...], where: str) -
     result: Tensors = {}
     for spec in outputs:
         value = response[spec.name]
-        result[spec.name] = _bytes_array(value, spec.name) if spec.datatype == "BYTES" else np.asarray(value)
+        result[spec.name] = (
+            _bytes_array(value, spec.name) if spec.datatype == "BYTES" else _numbers(value, spec, where)
+        )
     return result
+
+
+def _numbers(value: Any, spec: TensorSpec, where: str) -> np.ndarray:
+    """The output as the declared datatype: a list of Python floats (float64) becomes FP32 and the like,
+    but nothing of another kind is converted (a float for an integer output, complex numbers, objects)."""
+    array = np.asarray(value)
+    target = numpy_dtype(spec.datatype)
+    if array.dtype == target:
+        return array
+    if array.dtype.kind not in "biuf" or not np.can_cast(array.dtype, target, casting="same_kind"):
+        raise InferenceFailed(
+            f"{where} returned output {spec.name!r} as {array.dtype} values, but the model declares it "
+            f"{spec.datatype}"
+        )
+    return array.astype(target)
 
 
 def _bytes_array(value: Any, name: str) -> np.ndarray:
