@@ -44,10 +44,6 @@ class Channel:
         self._tasks: set[asyncio.Task[None]] = set()
         self.closed = asyncio.Event()
 
-    @property
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
     async def start(self) -> None:
         reader, self._writer = await asyncio.open_connection(sock=self._sock)
         self._reading = asyncio.ensure_future(self._read(reader))

@@ -94,6 +94,7 @@ class _Worker:
     ready: bool = False
     restarts: int = 0
     quick_failures: int = 0
+    link_fd: int = -1  # the supervisor's end of its socket pair, as numbered when it was made
     serve: asyncio.Future[None] | None = field(default=None, repr=False)
 
 
@@ -185,7 +186,8 @@ class Supervisor:
             ours.close()
             os._exit(self._worker_main(worker.index, theirs))
         theirs.close()
-        self._inherited_only.append(ours.fileno())
+        worker.link_fd = ours.fileno()
+        self._inherited_only.append(worker.link_fd)
         worker.pid, worker.started_at, worker.ready = pid, time.monotonic(), False
         worker.channel = Channel(ours, self._handlers(worker))
         self._background(worker.channel.start())
@@ -202,9 +204,13 @@ class Supervisor:
         for sock in self._listeners:
             if sock is not self._http_socket:
                 sock.close()
-        for fd in self._inherited_only:  # links to the other workers, the start-up responder
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        # The supervisor's ends of the other workers' links and the start-up responder's socket. A number
+        # in the list may already have been reused for one of ours (a closed link's): never close those.
+        keep = {link.fileno(), self._http_socket.fileno()}
+        for fd in self._inherited_only:
+            if fd not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         try:
             from edgeinfer.server.app import run_with_uvloop
 
@@ -288,7 +294,7 @@ class Supervisor:
         if worker.channel is not None:
             channel, worker.channel = worker.channel, None
             with contextlib.suppress(ValueError):
-                self._inherited_only.remove(channel.fileno)
+                self._inherited_only.remove(worker.link_fd)
             self._background(channel.close())
         if worker.serve is not None and not worker.serve.done():
             worker.serve.cancel()
