@@ -12,8 +12,7 @@ from collections.abc import Sequence
 
 from edgeinfer import __version__
 
-EXIT_MODEL_LOAD = 1
-EXIT_CONFIG = 2
+EXIT_CONFIG = 2  # also a model that cannot load: 1 (errors.startup_failure)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,7 +68,7 @@ def _workers(value: str | None) -> int | str | None:
 def serve(args: argparse.Namespace) -> int:
     # Imported here so that `edgeinfer --version` and `--help` answer without loading the server.
     from edgeinfer.config import load_config
-    from edgeinfer.errors import ConfigError, ModelLoadError
+    from edgeinfer.errors import ConfigError, ModelLoadError, startup_failure
     from edgeinfer.logs import setup_logging
     from edgeinfer.server.app import Server
 
@@ -93,10 +92,8 @@ def serve(args: argparse.Namespace) -> int:
         setup_logging(config.logging.level, config.logging.format)
         server = Server(config)
         server.run()
-    except ConfigError as error:
-        print(f"edgeinfer: configuration error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
-    except ModelLoadError as error:
-        print(f"edgeinfer: {error}", file=sys.stderr)
-        return EXIT_MODEL_LOAD
+    except (ConfigError, ModelLoadError) as error:
+        code, message = startup_failure(error)
+        print(f"edgeinfer: {message}", file=sys.stderr)
+        return code
     return 0

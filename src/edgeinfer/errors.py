@@ -82,6 +82,14 @@ class RowsMismatch(InferenceFailed):
     """With batching on, an output's first dimension differs from the batch's rows: it cannot be split."""
 
 
+def startup_failure(error: ConfigError | ModelLoadError) -> tuple[int, str]:
+    """How ``edgeinfer serve`` ends when it cannot start: the exit code (2: configuration, 1: a model
+    could not load) and the message it prints."""
+    if isinstance(error, ConfigError):
+        return 2, f"configuration error: {error}"
+    return 1, str(error)
+
+
 def describe(error: BaseException) -> str:
     """The message a client gets for ``error``: ours as written, anything else as an internal error."""
     if isinstance(error, EdgeInferError):

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer.batching.stats import merge_statistics
-from edgeinfer.errors import ConfigError, EdgeInferError, InvalidInput, ModelLoadError
+from edgeinfer.errors import ConfigError, EdgeInferError, InvalidInput, ModelLoadError, startup_failure
 from edgeinfer.exposition import exposition, sum_process_stats
 from edgeinfer.logs import tag_worker
 from edgeinfer.metrics import WorkerGauges, merge, process_stats
@@ -64,8 +64,6 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0  # workers drain within their own 10 s limits; this is the last resort
 QUICK_FAILURE_S = 10.0  # a worker that dies sooner than this after starting counts as crash-looping
 MAX_BACKOFF_S = 30.0
-EXIT_MODEL_LOAD = 1
-EXIT_CONFIG = 2
 
 
 def backoff_s(quick_failures: int) -> float:
@@ -215,12 +213,10 @@ class Supervisor:
             from edgeinfer.server.app import run_with_uvloop
 
             run_with_uvloop(WorkerLink(self._server, index, link, self._http_socket, grpc_port).serve())
-        except ConfigError as error:
-            print(f"edgeinfer: worker {index}: configuration error: {error}", file=sys.stderr)
-            return EXIT_CONFIG
-        except ModelLoadError as error:
-            print(f"edgeinfer: worker {index}: {error}", file=sys.stderr)
-            return EXIT_MODEL_LOAD
+        except (ConfigError, ModelLoadError) as error:
+            code, message = startup_failure(error)
+            print(f"edgeinfer: worker {index}: {message}", file=sys.stderr)
+            return code
         except BaseException:
             traceback.print_exc()
             return 1
@@ -306,7 +302,7 @@ class Supervisor:
         if not self._serving:
             log.error("worker %d exited while the server was starting (%s); stopping", worker.index, how)
             code = os.waitstatus_to_exitcode(status)
-            self._exit_code = code if code in (EXIT_MODEL_LOAD, EXIT_CONFIG) else 1
+            self._exit_code = 2 if code == 2 else 1  # 2: configuration; 1: a model, or anything else
             self._stop()
             return
         uptime = time.monotonic() - worker.started_at
