@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
+SERVE_STAMP := $(VENV)/.installed-serve
 HTTP_PORT ?= 8080
 GRPC_PORT ?= 8081
 METRICS_PORT ?= 8082
@@ -13,11 +14,18 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
-	touch $(STAMP)
+	touch $(STAMP) $(SERVE_STAMP)
+
+# serving needs only the package and Pillow (the image pipeline example): a first answer sooner
+$(SERVE_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[examples]'
+	touch $(SERVE_STAMP)
 
 install: $(STAMP)
 
-serve: $(STAMP)
+serve: $(SERVE_STAMP)
 	$(BIN)/edgeinfer serve --config examples/config.yaml --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 test: $(STAMP)
