@@ -228,27 +228,9 @@ def merge(snapshots: list[Snapshot]) -> Snapshot:
     models: dict[str, dict[str, Any]] = {}
     for snapshot in snapshots:
         for key, entry in snapshot["models"].items():
-            into = models.get(key)
-            if into is None:
-                models[key] = _copy(entry)
-                continue
+            into = models.setdefault(key, {"name": entry["name"], "version": entry["version"]})
             _add_model(into, entry)
     return {"models": models}
-
-
-def _copy(entry: dict[str, Any]) -> dict[str, Any]:
-    copied = dict(entry.items())
-    for key in ("duration", "decode", "encode"):
-        if key in copied:
-            copied[key] = {protocol: _copy_histogram(h) for protocol, h in copied[key].items()}
-    for key in ("queue", "compute", "batch_size"):
-        if key in copied:
-            copied[key] = _copy_histogram(copied[key])
-    if "requests" in copied:
-        copied["requests"] = [list(row) for row in copied["requests"]]
-    if "gauges" in copied:
-        copied["gauges"] = dict(copied["gauges"])
-    return copied
 
 
 def _copy_histogram(histogram: dict[str, Any]) -> dict[str, Any]:

@@ -75,7 +75,7 @@ class Server:
         for folder in config.python_path:  # where the config's Python models live
             if folder not in sys.path:
                 sys.path.insert(0, folder)
-        discover(config)  # a configuration error shows now, before anything listens
+        self._discovered = discover(config)  # a configuration error shows now, before anything listens
         self._registered: list[ModelSource] = []
         self.service: InferenceService | None = None
         self._http: HttpServer | None = None
@@ -152,7 +152,9 @@ class Server:
                     MetricsRoutes(service.metrics_exposition), error_response, 64 * 1024
                 )
                 await self._metrics_http.start(metrics_socket)
-        sources = [*discover(self.config), *self._registered]
+        # a worker reads the repository again: one forked to replace another starts from what is there now
+        discovered = discover(self.config) if worker is not None else self._discovered
+        sources = [*discovered, *self._registered]
         on_demand = [source for source in sources if source.config.residency == "on_demand"]
         service.registry.defer(on_demand)
         try:
