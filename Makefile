@@ -8,7 +8,7 @@ HTTP_PORT ?= 8080
 GRPC_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: serve test lint typecheck bench models install clean
+.PHONY: serve test lint typecheck bench models install clean system-packages
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,14 @@ test: $(STAMP)
 	$(BIN)/ruff format --check src tests bench scripts examples
 	$(BIN)/mypy
 	$(BIN)/pytest
+
+# Debian packages the deploy tests start (nginx, podman + runc + debootstrap for the image); CI runs this
+# before `make test`. Without them those tests skip and say why.
+SYSTEM_PACKAGES := nginx-light podman runc debootstrap curl
+system-packages:
+	@missing="$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)"; \
+	if [ -n "$$missing" ]; then echo "installing $$missing (Debian packages)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix src tests bench scripts examples

@@ -85,9 +85,7 @@ def _missing_or_extra(model: str, inputs: Sequence[TensorSpec], request: InferRe
             f"model {model!r} needs input(s) {_names(missing)}; expected inputs: {_describe(inputs)}"
         )
     extra = [name for name in request.inputs if name not in expected]
-    raise InvalidInput(
-        f"model {model!r} has no input(s) {_names(extra)}; expected inputs: {_describe(inputs)}"
-    )
+    raise InvalidInput(f"unknown input(s) {_names(extra)}; model {model!r} has inputs: {_describe(inputs)}")
 
 
 def batch_group(request: InferRequest) -> Hashable:

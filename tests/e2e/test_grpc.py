@@ -206,7 +206,7 @@ MALFORMED = [
     ("missing input name", _with_raw({"model_name": "simple", "inputs": [{**SIMPLE_INPUT, "name": ""}]}, [F16]),
      grpc.StatusCode.INVALID_ARGUMENT, "inputs[0] has no name"),
     ("extra input", _with_raw({"model_name": "simple", "inputs": [SIMPLE_INPUT, {**SIMPLE_INPUT, "name": "X"}]},
-     [F16, F16]), grpc.StatusCode.INVALID_ARGUMENT, "has no input(s) 'X'"),
+     [F16, F16]), grpc.StatusCode.INVALID_ARGUMENT, "unknown input(s) 'X'"),
     ("typed contents of the wrong length", _typed("INPUT0", "FP32", [1, 16], "fp32_contents", [1.0] * 3),
      grpc.StatusCode.INVALID_ARGUMENT, "needs 16 elements but contents.fp32_contents has 3"),
     ("FP16 in typed contents", _typed("INPUT0", "FP16", [1, 16], "fp32_contents", [1.0] * 16),

@@ -214,7 +214,7 @@ def test_a_model_without_inputs_reads_parameters_and_answers_json_values(python_
     assert (empty.status, empty.error) == (400, "parameter 'name' (a string) is required")
     extra = request(python_server.port, "POST", "/v2/models/greeter/infer", x_rows(1.0))
     assert extra.status == 400
-    assert "has no input(s) 'x'" in extra.error
+    assert "unknown input(s) 'x'" in extra.error
     metadata = request(python_server.port, "GET", "/v2/models/greeter").json()
     assert metadata["inputs"] == []
     assert metadata["outputs"][0]["parameters"] == {"content_type": "str"}

@@ -51,11 +51,15 @@ def padded(*inputs, **extra):
         [tensor(datatype="BYTES", shape=(2,), data=["a", "b"])],
         [tensor(name="a"), tensor(name="b", datatype="FP64", shape=(1, 1), data=[2.0])],
         [tensor(shape=(0, 3), data=[])],
+        [{**tensor(), "unit": "m/s"}],  # fields the protocol does not define are ignored
     ],
-    ids=["fp32", "floats", "fp16", "int32", "uint8", "uint64", "nested", "bool", "bytes", "two", "empty"],
-)
+    ids=[
+        "fp32", "floats", "fp16", "int32", "uint8", "uint64", "nested", "bool", "bytes", "two", "empty",
+        "extra-field",
+    ],
+)  # fmt: skip
 def test_the_same_tensors_either_way(inputs):
-    large, small = both(padded(*inputs, id="r1", outputs=[{"name": "y"}]))
+    large, small = both(padded(*inputs, id="r1", outputs=[{"name": "y"}], model_name="m"))
     assert not isinstance(large, str), large
     assert large.id == small.id == "r1"
     assert large.parameters == small.parameters
@@ -80,7 +84,7 @@ def test_the_same_tensors_either_way(inputs):
         padded(tensor(datatype="FP99")),
         padded(tensor(shape=(2, -3))),
         padded(tensor(), tensor()),  # twice
-        padded(tensor(), unknown=1),
+        padded(tensor(), id=5),
         {"inputs": 5, "padding": PADDING},
         [PADDING],
         b'{"inputs": [' + PADDING.encode(),

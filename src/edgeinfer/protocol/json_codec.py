@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import math
 from types import ModuleType
 from typing import Any
@@ -27,8 +28,13 @@ from edgeinfer.errors import InvalidInput
 from edgeinfer.protocol.datatypes import numpy_dtype, v2_datatype
 from edgeinfer.protocol.types import InferRequest, InferResponse, Parameters, RequestedOutput
 
+log = logging.getLogger(__name__)
+
 _DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _REQUEST_FIELDS = frozenset(("id", "parameters", "inputs", "outputs"))
+_TENSOR_FIELDS = frozenset(("name", "datatype", "shape", "parameters", "data"))
+_IGNORED_SEEN_MAX = 64  # distinct ignored field names remembered (and logged) at most
+_ignored_seen: set[str] = set()
 LARGE_BODY_BYTES = 4096  # from about here on, simdjson's typed arrays beat orjson's Python numbers
 # simdjson's buffer element type (double, int64, uint64) for each numeric datatype
 _BUFFER_KIND = {
@@ -154,8 +160,7 @@ def decode_request_object(
 ) -> InferRequest:
     """Build an InferRequest from a parsed body; ``binary_inputs`` holds tensors already decoded."""
     if not _REQUEST_FIELDS.issuperset(document):
-        unknown = sorted(set(document) - _REQUEST_FIELDS)
-        raise InvalidInput(f"unknown field(s) in inference request: {', '.join(unknown)}")
+        _ignore_fields(document.keys() - _REQUEST_FIELDS, "inference request")
     request_id = document.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput(f"'id' must be a string, not {_json_type(request_id)}")
@@ -201,7 +206,18 @@ def decode_tensor_header(raw: Any, where: str) -> tuple[str, str, tuple[int, ...
     ):
         raise InvalidInput(f"input {name!r}: 'shape' must be a list of non-negative integers, got {shape!r}")
     parameters = _parameters(raw.get("parameters"), f"input {name!r} 'parameters'")
+    if not _TENSOR_FIELDS.issuperset(raw):
+        _ignore_fields(raw.keys() - _TENSOR_FIELDS, "input tensor")
     return name, datatype, tuple(shape), parameters
+
+
+def _ignore_fields(names: set[str], where: str) -> None:
+    """Fields the protocol does not define are ignored, as its extensibility expects: KServe's own client
+    sends ``model_name`` in every body. Each name is logged once, at debug level."""
+    new = names - _ignored_seen
+    if new and len(_ignored_seen) < _IGNORED_SEEN_MAX:
+        _ignored_seen.update(new)
+        log.debug("ignoring field(s) the protocol does not define in an %s: %s", where, sorted(new))
 
 
 def _decode_input(

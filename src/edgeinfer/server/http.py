@@ -51,7 +51,11 @@ log = logging.getLogger(__name__)
 
 
 class MethodNotAllowed(InvalidInput):
-    """The path exists but not for this HTTP method."""
+    """The path exists but not for this HTTP method; ``allowed`` goes in the ``Allow`` header (RFC 9110)."""
+
+    def __init__(self, method: str, allowed: str) -> None:
+        super().__init__(f"method {method} is not allowed here; use {allowed}")
+        self.allowed = allowed
 
 
 class RouteNotFound(ModelNotFound):
@@ -92,6 +96,8 @@ def response_for_error(error: BaseException) -> HttpResponse:
     response = error_response(status_for(error), describe_error(error))
     if isinstance(error, ServerBusy):
         response.headers.append((b"retry-after", str(max(1, round(error.retry_after_s))).encode()))
+    elif isinstance(error, MethodNotAllowed):
+        response.headers.append((b"allow", error.allowed.encode()))
     return response
 
 
@@ -105,7 +111,7 @@ def _json(status: int, document: Any) -> HttpResponse:
 
 def _allow(request: HttpRequest, method: str) -> None:
     if request.method != method:
-        raise MethodNotAllowed(f"method {request.method} is not allowed here; use {method}")
+        raise MethodNotAllowed(request.method, method)
 
 
 class MetricsRoutes:
@@ -118,7 +124,7 @@ class MetricsRoutes:
         if request.path.rstrip("/") != "/metrics":
             return error_response(404, f"no route for {request.method} {request.path}; try GET /metrics")
         if request.method != "GET":
-            return error_response(405, f"method {request.method} is not allowed here; use GET")
+            return response_for_error(MethodNotAllowed(request.method, "GET"))
         return _when_done(self.exposition(), metrics_response)
 
 
