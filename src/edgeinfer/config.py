@@ -194,6 +194,11 @@ class ServerConfig(_Frozen):
     )
     max_request_size_mb: float = Field(64.0, gt=0)
     compress_min_bytes: int = Field(1024, ge=0, description="compress responses at least this large")
+    shutdown_delay_s: float = Field(
+        0.0,
+        ge=0,
+        description="after SIGTERM, answer readiness 503 but keep serving this long before draining",
+    )
 
     @field_validator("workers")
     @classmethod

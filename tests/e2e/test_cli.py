@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -296,3 +297,22 @@ def test_access_log_sampling_keeps_every_failure(tmp_path):
     lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
     access = [line for line in lines if line["logger"] == "edgeinfer.access"]
     assert [line["status"] for line in access] == ["client_error"] * 3, "no success sampled at rate 0"
+
+
+def test_shutdown_delay_keeps_serving_while_not_ready(tmp_path):
+    """``shutdown_delay_s``: after SIGTERM, readiness is 503 at once, inference goes on for the delay."""
+    matmul_model(tmp_path / "m" / "1" / "model.onnx")
+    (tmp_path / "config.yaml").write_text("model_store_path: .\nserver: {shutdown_delay_s: 1.5}\n")
+    server = ServerProcess(["--config", str(tmp_path / "config.yaml")]).start(tmp_path / "log")
+    assert server.process is not None
+    try:
+        signalled = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: _status(server.port, "/v2/health/ready") == 503, what="readiness 503")
+        assert request(server.port, "POST", "/v2/models/m/infer", ONE_ROW).status == 200
+        assert request(server.port, "GET", "/v2/health/live").status == 200
+        assert server.process.wait(timeout=20) == 0
+        assert time.monotonic() - signalled >= 1.5
+    finally:
+        server.stop()
+    assert "not ready; serving 1.5 s more before draining" in server.log()

@@ -267,9 +267,24 @@ class Server:
         else:
             starting.result()  # a start-up error ends here
             await stopping
+            await self._delay_shutdown(worker)
         stopping.cancel()
         log.info("%sshutting down", f"worker {worker.index} " if worker else "")
         await self.stop()
+
+    async def _delay_shutdown(self, worker: WorkerRole | None) -> None:
+        """Readiness fails at once, serving goes on for ``shutdown_delay_s``: load balancers that probe
+        readiness (a Kubernetes Service's endpoints, nginx Plus, Envoy) stop sending before the listeners
+        close, so no client meets a refused connection."""
+        delay = self.config.server.shutdown_delay_s
+        if delay > 0 and self.service is not None:
+            self.service.set_ready(False)
+            log.info(
+                "%snot ready; serving %.1f s more before draining",
+                f"worker {worker.index} " if worker else "",
+                delay,
+            )
+            await asyncio.sleep(delay)
 
     def run(self, **server_settings: Any) -> None:
         """Blocking: serve until SIGINT or SIGTERM. ``server_settings`` override ``server:`` keys, e.g.

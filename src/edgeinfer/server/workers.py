@@ -341,7 +341,8 @@ class Supervisor:
         if all(worker.pid == 0 for worker in self._workers):
             self._done.set()
         else:
-            asyncio.get_running_loop().call_later(STOP_TIMEOUT_S, self._kill_stragglers)
+            delay = self._server.config.server.shutdown_delay_s
+            asyncio.get_running_loop().call_later(STOP_TIMEOUT_S + delay, self._kill_stragglers)
 
     def _kill_stragglers(self) -> None:
         for worker in self._workers:
