@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+GRPC_DRAIN_S = 10.0  # calls in flight when the server stops get this long to finish (as HTTP requests do)
+
 
 @dataclass
 class WorkerRole:
@@ -81,6 +83,7 @@ class Server:
         self._http: HttpServer | None = None
         self._metrics_http: HttpServer | None = None
         self._grpc: GrpcServer | None = None
+        self._grpc_stopping: asyncio.Future[None] | None = None
         self._poller: RepositoryPoller | None = None
         self._http_socket: socket.socket | None = None
         self._started = False
@@ -242,8 +245,8 @@ class Server:
         if service is not None:
             await service.residency.stop()
         if self._grpc is not None:
-            await self._grpc.stop()
-            self._grpc = None
+            await (self._grpc_stopping or self._grpc.stop(GRPC_DRAIN_S))
+            self._grpc = self._grpc_stopping = None
         for http in (self._http, self._metrics_http):
             if http is not None:
                 await http.stop()
@@ -279,6 +282,8 @@ class Server:
         delay = self.config.server.shutdown_delay_s
         if delay > 0 and self.service is not None:
             self.service.set_ready(False)
+            if self._grpc is not None:  # GOAWAY now: gRPC clients and proxies send new calls elsewhere
+                self._grpc_stopping = asyncio.ensure_future(self._grpc.stop(delay + GRPC_DRAIN_S))
             log.info(
                 "%snot ready; serving %.1f s more before draining",
                 f"worker {worker.index} " if worker else "",
