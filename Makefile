@@ -10,17 +10,22 @@ METRICS_PORT ?= 8082
 
 .PHONY: serve test lint typecheck bench models install clean system-packages
 
-$(STAMP): pyproject.toml
+# uv resolves and installs in seconds what pip takes minutes for (dev extras into a new environment, no
+# cache: 2 min 32 s with pip, 13 s with uv). --system-certs: the machine's own CA roots, as pip uses them.
+UV_VERSION := 0.13.9
+INSTALL = $(BIN)/uv pip install --quiet --system-certs --python $(BIN)/python
+
+$(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
+
+$(STAMP): pyproject.toml | $(BIN)/uv
+	$(INSTALL) -e '.[dev,bench]'
 	touch $(STAMP) $(SERVE_STAMP)
 
 # serving needs only the package and Pillow (the image pipeline example): a first answer sooner
-$(SERVE_STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[examples]'
+$(SERVE_STAMP): pyproject.toml | $(BIN)/uv
+	$(INSTALL) -e '.[examples]'
 	touch $(SERVE_STAMP)
 
 install: $(STAMP)
