@@ -9,6 +9,8 @@
 * workers: the same repository with `--workers 2`: RSS of the supervisor and of each worker, and what
   an extra worker adds to the whole server, as the growth of the summed PSS (proportional set size:
   shared pages counted once) from `workers: 1` to `workers: 2`;
+* per model: idle RSS with an empty repository, then with only the benchmark's `tiny` model and only
+  its `cnn` (a 5.5 MiB ResNet-style network): what one model adds, for sizing (docs/deployment.md);
 * installed size: a fresh virtual environment with only numpy and onnxruntime (and what they pull in),
   then `pip install .`: the growth is edgeinfer's own cost.
 """
@@ -121,6 +123,33 @@ def installed_size_mib() -> dict[str, float]:
     return {"numpy_onnxruntime_mib": round(base, 1), "edgeinfer_adds_mib": round(full - base, 1)}
 
 
+def per_model_rss(runs: int) -> dict[str, float]:
+    """Idle RSS of an empty repository, what the first (tiny) model adds (ONNX Runtime itself, mostly),
+    and what the cnn adds next to it."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import models  # bench/ is not a package
+
+    with tempfile.TemporaryDirectory() as directory:
+        root = Path(directory)
+        cases = {
+            "empty": [],
+            "tiny": [("tiny", models.tiny)],
+            "tiny_cnn": [("tiny", models.tiny), ("cnn", models.cnn)],
+        }
+        rss = {}
+        for case, contents in cases.items():
+            (root / case).mkdir()
+            for name, build in contents:
+                build(root / case / name / "1" / "model.onnx")
+            source = ["--model-repository", str(root / case)]
+            rss[case] = min(serve_once(False, source)[1] for _ in range(runs))
+    return {
+        "empty_repository": round(rss["empty"], 1),
+        "first_model_tiny_adds": round(rss["tiny"] - rss["empty"], 1),
+        "cnn_5_5_mib_adds": round(rss["tiny_cnn"] - rss["tiny"], 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--skip-install-size", action="store_true")
@@ -159,6 +188,7 @@ def main() -> None:
         "second_worker_adds_mib": round(best[2]["pss_total"] - single_pss, 1),
         "target_mib": round(bare + 35, 1),  # the bare ONNX Runtime memory of its models + 35 MiB
     }
+    result["per_model_rss_mib"] = per_model_rss(args.runs)
     if not args.skip_install_size:
         result.update(installed_size_mib())
     print(json.dumps(result, indent=1))

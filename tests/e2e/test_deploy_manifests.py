@@ -11,8 +11,10 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import os
 import shutil
 import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -213,3 +215,21 @@ def test_crd_schemas_are_vendored_with_their_source():
     for path in CRDS.glob("*.json.gz"):
         assert path.name in readme
     assert Path(CRDS / "serving.kserve.io_InferenceService_v1beta1.json.gz").stat().st_size > 1000
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_unit_verifies(tmp_path):
+    """The shipped unit, pointed at this environment's edgeinfer, passes ``systemd-analyze verify``."""
+    unit = (DEPLOY / "systemd" / "edgeinfer.service").read_text()
+    executable = Path(sys.executable).parent / "edgeinfer"
+    assert unit.count("/opt/edgeinfer/bin/edgeinfer serve") == 1
+    (tmp_path / "edgeinfer.service").write_text(unit.replace("/opt/edgeinfer/bin/edgeinfer", str(executable)))
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / "edgeinfer.service")],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "SYSTEMD_LOG_LEVEL": "warning"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "edgeinfer.service" not in result.stderr, result.stderr
