@@ -26,7 +26,9 @@ def _without_descriptions(schema: Any) -> Any:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("crds", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path("tests/data/crds"))
     args = parser.parse_args()
