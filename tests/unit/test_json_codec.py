@@ -93,3 +93,15 @@ def test_non_contiguous_outputs_are_encoded_in_row_major_order():
     array = np.arange(6, dtype=np.int64).reshape(2, 3).T
     document = orjson.loads(encode_response(InferResponse("m", "1", {"y": array})))
     assert document["outputs"][0]["data"] == array.reshape(-1).tolist()
+
+
+def test_fields_the_protocol_does_not_define_are_ignored_and_logged_once(caplog):
+    tensor = {"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0], "kserve_extra_unit": "m"}
+    body = orjson.dumps({"model_name": "m", "kserve_extra_top": 1, "inputs": [tensor]})
+    with caplog.at_level("DEBUG", logger="edgeinfer.protocol.json_codec"):
+        first = decode_request(body)
+        second = decode_request(body)
+    assert first.inputs["x"].tolist() == second.inputs["x"].tolist() == [1.0]
+    logged = [record.getMessage() for record in caplog.records]
+    assert sum("kserve_extra_top" in message for message in logged) == 1
+    assert sum("kserve_extra_unit" in message for message in logged) == 1
