@@ -23,6 +23,10 @@ import pytest
 
 from tests.support import EXAMPLES, ROOT, scrape, wait_ready
 
+# Making the bases (debootstrap) and building the image take about two minutes on the CI machines, in
+# the setup of the first test that needs the image.
+pytestmark = pytest.mark.timeout(900)
+
 IMAGE = "localhost/edgeinfer:test"
 IMAGE_LIMIT_MB = 250
 
