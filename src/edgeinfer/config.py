@@ -97,6 +97,24 @@ class PipelineStep(_Frozen):
     inputs: dict[str, str]
 
 
+class SloConfig(_Frozen):
+    """A latency objective: adaptive batching aims for it and admission control refuses what would miss it."""
+
+    p99_ms: float | None = Field(None, gt=0)
+    p95_ms: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_given(self) -> SloConfig:
+        if self.p99_ms is None and self.p95_ms is None:
+            raise ValueError("slo needs p99_ms or p95_ms")
+        return self
+
+    @property
+    def target_s(self) -> float:
+        """The time a request may take: the p99 objective if given (a p95 one otherwise)."""
+        return (self.p99_ms if self.p99_ms is not None else self.p95_ms or 0.0) / 1000
+
+
 class PipelineConfig(_Frozen):
     inputs: tuple[TensorConfig, ...]
     outputs: tuple[TensorConfig, ...]
@@ -120,7 +138,10 @@ class ModelConfig(_Frozen):
     max_batch_size: int | None = Field(
         None, ge=0, description="rows per batch; 0 disables batching; unset: 8 if the model allows it"
     )
-    batch_timeout_millis: float = Field(0.0, ge=0, description="longest wait of the oldest request")
+    batch_timeout_millis: float | None = Field(
+        None, ge=0, description="fixed batching: longest wait of the oldest request; unset: adaptive batching"
+    )
+    slo: SloConfig | None = Field(None, description="latency objective: adaptive batching and admission")
     preferred_batch_sizes: tuple[int, ...] = ()
     max_concurrent_batches: int = Field(1, ge=1)
     prefetch_batches: int = Field(0, ge=0, description="batches formed ahead, waiting for a compute slot")
@@ -157,6 +178,11 @@ class ModelConfig(_Frozen):
         if "max_queue_delay_ms" in data:
             data["batch_timeout_millis"] = data.pop("max_queue_delay_ms")
         return data
+
+    @property
+    def adaptive_batching(self) -> bool:
+        """Batching from measurements (policy.py) unless a fixed batch timeout is given without an SLO."""
+        return self.slo is not None or self.batch_timeout_millis is None
 
     @model_validator(mode="after")
     def _instances_need_processes(self) -> ModelConfig:

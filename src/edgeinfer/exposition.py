@@ -52,6 +52,16 @@ class _SnapshotCollector(Collector):
             for protocol, status, count in sorted(model.get("requests", [])):
                 requests.add_metric([model["name"], model["version"], protocol, status], count)
         yield requests
+        refused = CounterMetricFamily(
+            PREFIX + "requests_refused",
+            "Requests refused before queueing, by reason: queue_full (max_queue_size), slo (predicted to "
+            "miss the model's SLO), deadline (predicted to miss the client's timeout)",
+            labels=["model", "version", "reason"],
+        )  # fmt: skip
+        for model in models:
+            for reason, count in sorted(model.get("refused", {}).items()):
+                refused.add_metric([model["name"], model["version"], reason], count)
+        yield refused
         yield _per_protocol(models, "duration", "inference_request_duration_seconds",
                             "Time from parsed request to response, inside the server")  # fmt: skip
         yield _per_protocol(models, "decode", "inference_decode_duration_seconds",

@@ -106,6 +106,7 @@ class ModelMetrics:
     queue: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
     compute: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
     batch_size: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
+    refused: dict[str, int] = field(default_factory=dict)  # by reason: queue_full, slo, deadline
 
     def request_done(
         self, protocol: str, status: str, total_s: float, decode_s: float | None, encode_s: float | None
@@ -122,6 +123,9 @@ class ModelMetrics:
         self.batch_size.observe(rows)
         self.compute.observe(compute_s)
 
+    def refused_one(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "requests": [[protocol, status, count] for (protocol, status), count in self.requests.items()],
@@ -131,6 +135,7 @@ class ModelMetrics:
             "queue": self.queue.snapshot(),
             "compute": self.compute.snapshot(),
             "batch_size": self.batch_size.snapshot(),
+            "refused": dict(self.refused),
         }
 
 
@@ -255,6 +260,10 @@ def _add_model(into: dict[str, Any], entry: dict[str, Any]) -> None:
                 _add_histogram(table[protocol], histogram)
             else:
                 table[protocol] = _copy_histogram(histogram)
+    if "refused" in entry:
+        refused = into.setdefault("refused", {})
+        for reason, count in entry["refused"].items():
+            refused[reason] = refused.get(reason, 0) + count
     for key in ("queue", "compute", "batch_size"):
         if key in entry:
             if key in into:

@@ -88,9 +88,8 @@ def test_an_expired_deadline_gets_504_and_is_never_run(special_server):
             slow_body(3, parameters={"timeout": 20_000}),  # microseconds, as Triton clients send it
         )
         assert long_running.result().status == 200
-    assert reply.status == 504
-    assert "timed out after" in reply.error
-    assert "it was not run" in reply.error
+    assert reply.status == 504  # refused at once: the queue ahead is predicted to outlast the timeout
+    assert "after its timeout of 20.0 ms; it was refused at once and not run" in reply.error
     wait_queue(port, "slow_unbatched", 0, 0)
     after = stats(special_server, "slow_unbatched")
     assert after["execution_count"] - before["execution_count"] == 1, "only the long request ran"

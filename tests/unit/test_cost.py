@@ -42,3 +42,32 @@ def test_noise_never_gives_a_negative_slope_or_cost():
     cost.observe(8, 0.001)  # bigger batch measured faster (noise)
     assert cost.estimate_s(1) > 0
     assert cost.estimate_s(8) >= cost.estimate_s(1)
+
+
+def test_what_warmup_measured_at_the_largest_batch_is_kept_while_traffic_runs_batches_of_one():
+    cost = CostModel()
+    cost.observe(1, 0.0012)
+    cost.observe(32, 0.0043)  # warmup: 1 ms per call, 0.1 ms per row
+    for _ in range(500):
+        cost.observe(1, 0.0011)
+    assert cost.per_row_s == pytest.approx(0.0001, rel=0.05)
+    assert cost.saving(8) > 0.5
+
+
+@pytest.mark.parametrize(
+    ("per_row", "per_call", "rows", "saving"),
+    [(0.001, 0.0, 8, 0.0), (0.0, 0.001, 4, 0.75), (0.001, 0.001, 2, 0.25), (0.001, 0.001, 1, 0.0)],
+)
+def test_saving_per_row(per_row, per_call, rows, saving):
+    cost = CostModel()
+    for size in (1, 16):
+        cost.observe(size, per_call + per_row * size)
+    assert cost.saving(rows) == pytest.approx(saving)
+
+
+def test_sizes_not_seen_for_long_are_dropped():
+    cost = CostModel()
+    cost.observe(1000, 10.0)  # one odd batch long ago
+    for rows in range(1, 40):
+        cost.observe(rows, 0.001 * rows)
+    assert cost.estimate_s(10) == pytest.approx(0.010)

@@ -3,7 +3,11 @@ expiry."""
 
 from __future__ import annotations
 
-from edgeinfer.batching.policy import BatchPolicy, Pending, next_batch
+from dataclasses import replace
+
+import pytest
+
+from edgeinfer.batching.policy import BatchPolicy, Measured, Pending, next_batch
 
 POLICY = BatchPolicy(max_batch_size=8, max_queue_delay_s=0.010)
 
@@ -110,3 +114,67 @@ def test_expired_requests_are_never_batched():
 def test_wake_at_is_the_earlier_of_delay_and_deadline():
     item = pending(at=0.0, deadline=0.004)
     assert next_batch([item], POLICY, now=0.001).wake_at == 0.004
+
+
+# Adaptive batching: decisions from the measured cost line and arrival gaps, no fixed wait.
+ADAPTIVE = BatchPolicy(max_batch_size=8, adaptive=True)
+FIXED_COST = Measured(per_row_s=0.0001, per_batch_s=0.001)  # 1 ms per call: merging pays (t(1) = 1.1 ms)
+PER_ROW = Measured(per_row_s=0.030, per_batch_s=0.0005)  # a CNN on a CPU: merging saves ~1 % per row
+
+
+@pytest.mark.parametrize(
+    ("case", "measured", "queued", "now", "due", "runs", "wake_at"),
+    [
+        # no measurements yet: run what is queued
+        ("unmeasured", None, 2, 0.0, None, 2, None),
+        ("no arrival rate yet", FIXED_COST, 2, 0.0, None, 2, None),
+        # arrivals every 0.2 ms, a batch of one takes 1.1 ms: wait one gap for the next request
+        ("next expected soon", replace(FIXED_COST, interarrival_s=0.0002), 2, 0.0, None, 0, 0.0002),
+        # arrivals every 2 ms (slower than a batch of one, as at concurrency 1): never wait
+        ("next not expected in time", replace(FIXED_COST, interarrival_s=0.002), 1, 0.0, None, 1, None),
+        # the oldest has waited 1 ms already: one more gap would pass t(1)
+        ("waited enough", replace(FIXED_COST, interarrival_s=0.0002), 2, 0.001, None, 2, None),
+        # the SLO leaves no room for the wait and a larger batch
+        ("due too soon", replace(FIXED_COST, interarrival_s=0.0002), 2, 0.0, 0.0012, 2, None),
+        ("due allows it", replace(FIXED_COST, interarrival_s=0.0002), 2, 0.0, 0.0020, 0, 0.0002),
+        # merging does not pay: one at a time, at once, whatever the arrivals
+        ("per-row cost", replace(PER_ROW, interarrival_s=0.0001), 3, 0.0, None, 1, None),
+        # a full batch goes without waiting
+        ("full", replace(FIXED_COST, interarrival_s=0.0001), 8, 0.0, None, 8, None),
+    ],
+)
+def test_adaptive_decisions(case, measured, queued, now, due, runs, wake_at):
+    items = [pending(at=0.0, seq=i) for i in range(queued)]
+    for item in items:
+        item.due = due
+    decision = next_batch(items, ADAPTIVE, now=now, measured=measured)
+    assert len(decision.batch) == runs, case
+    assert decision.wake_at == (pytest.approx(wake_at) if wake_at is not None else None), case
+
+
+def test_adaptive_wait_is_bounded_by_a_batch_of_one_over_a_trace():
+    """Arrival gaps measured at 0.3 ms but nobody comes: the head waits at most t(1) = 1.1 ms in all."""
+    measured = replace(FIXED_COST, interarrival_s=0.0003)
+    head = pending(at=0.0)
+    now, wakes = 0.0, 0
+    while True:
+        decision = next_batch([head], ADAPTIVE, now=now, measured=measured)
+        if decision.batch:
+            break
+        now, wakes = decision.wake_at, wakes + 1
+    assert now <= measured.batch_s(1)
+    assert wakes == 3
+
+
+def test_adaptive_deadlines_still_expire_requests():
+    late = pending(at=0.0, deadline=0.001)
+    decision = next_batch([late], ADAPTIVE, now=0.002, measured=FIXED_COST)
+    assert (decision.batch, decision.expired) == ([], [late])
+
+
+@pytest.mark.parametrize(
+    ("measured", "pays"),
+    [(FIXED_COST, True), (PER_ROW, False), (Measured(0.0, 0.0), False), (Measured(0.001, 0.0005), True)],
+)
+def test_merging_pays_only_with_a_fixed_cost_per_call(measured, pays):
+    assert measured.merging_pays() is pays

@@ -16,7 +16,14 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import partial
 
-from edgeinfer.batching.policy import BatchPolicy, Pending, next_batch, next_deadline, split_expired
+from edgeinfer.batching.policy import (
+    BatchPolicy,
+    Measured,
+    Pending,
+    next_batch,
+    next_deadline,
+    split_expired,
+)
 from edgeinfer.batching.recorder import BatchRecorder
 from edgeinfer.errors import EdgeInferError, InferenceFailed, ModelNotReady, RequestTimeout, ServerBusy
 from edgeinfer.outcome import RequestTrace
@@ -32,10 +39,15 @@ class _Job:
 
 @dataclass(frozen=True, slots=True)
 class QueueLimits:
-    """How much may wait: requests (not rows) before 429, and how long before 504."""
+    """How much may wait: requests (not rows) before 429, and how long before 504. ``slo_s``: the time
+    a request may take (the model's latency objective): one predicted to take longer is refused (429)."""
 
     max_queue_size: int = 512
     queue_timeout_s: float | None = None
+    slo_s: float | None = None
+
+
+ARRIVAL_MEMORY = 0.9  # the mean gap between arrivals follows the last ten or so
 
 
 class Batcher:
@@ -62,6 +74,8 @@ class Batcher:
         self._idle.set()
         self._flush_soon = False
         self._outstanding = 0  # submitted and not yet answered
+        self._running_rows = 0
+        self._gap_s: float | None = None  # mean time between arrivals, while requests keep coming
         self.last_submit = time.monotonic()  # when a request last came (residency reads it)
 
     @property
@@ -90,20 +104,27 @@ class Batcher:
         if self._closed:
             raise ModelNotReady(f"model {self.name} is unloading and takes no new requests")
         if len(self._pending) >= self.limits.max_queue_size:
+            self.recorder.refused("queue_full")
             raise ServerBusy(
                 f"model {self.name} has {len(self._pending)} requests queued, its limit "
                 f"(max_queue_size); retry later"
             )
-        self.last_submit = now = time.monotonic()
+        now = time.monotonic()
+        self._arrived(now)
+        deadline = _deadline(now, timeout_s, self.limits.queue_timeout_s)
+        due = now + self.limits.slo_s if self.limits.slo_s is not None else None
+        if (deadline is not None or due is not None) and (self._pending or self._running):
+            self._admit(work.rows, priority, now, deadline, due)
         future: asyncio.Future[Tensors] = self._loop.create_future()
         item = Pending(
             rows=work.rows,
             group=group,
             enqueued_at=now,
             priority=priority,
-            deadline=_deadline(now, timeout_s, self.limits.queue_timeout_s),
+            deadline=deadline,
             sequence=next(self._sequence),
             payload=_Job(work, future, trace),
+            due=due,
         )
         self._idle.clear()
         future.add_done_callback(partial(self._on_answered, item))
@@ -121,6 +142,53 @@ class Batcher:
             self._flush_soon = True
             self._loop.call_soon(self._flush)
         return future
+
+    def _arrived(self, now: float) -> None:
+        """Follow the mean gap between arrivals; a gap longer than a second starts the mean afresh."""
+        gap = now - self.last_submit
+        self.last_submit = now
+        if self._gap_s is None or gap > 1.0:
+            self._gap_s = gap if gap <= 1.0 else None
+        else:
+            self._gap_s = self._gap_s * ARRIVAL_MEMORY + gap * (1 - ARRIVAL_MEMORY)
+
+    def measured(self) -> Measured | None:
+        """What the adaptive policy decides from; None before the runner has run a batch."""
+        cost = self.runner.cost
+        if not cost.observed:
+            return None
+        return Measured(cost.per_row_s, cost.per_batch_s, self._gap_s)
+
+    def _admit(self, rows: int, priority: int, now: float, deadline: float | None, due: float | None) -> None:
+        """Refuse at once a request predicted to finish after its deadline (504: the client's timeout) or
+        its due time (429: the SLO), rather than queue it to fail later. The prediction: the queued rows
+        ahead of it (same or higher priority) and the batches now running, at the measured cost, shared
+        by the runner's concurrent slots, then its own batch."""
+        measured = self.measured()
+        if measured is None:
+            return
+        ahead = [item.rows for item in self._pending if item.priority <= priority]
+        merged = measured.merging_pays() and self.policy.max_batch_size > 1
+        batches = -(-sum(ahead) // self.policy.max_batch_size) if merged else len(ahead)
+        backlog_s = measured.per_row_s * (sum(ahead) + self._running_rows) + measured.per_batch_s * (
+            batches + self._running
+        )
+        backlog_s /= max(1, self.runner.concurrency)
+        finish = now + backlog_s + measured.batch_s(rows)
+        if deadline is not None and finish > deadline:
+            self.recorder.refused("deadline")
+            raise RequestTimeout(
+                f"request to model {self.name} would finish in {(finish - now) * 1000:.1f} ms (queue "
+                f"ahead {backlog_s * 1000:.1f} ms), after its timeout of {(deadline - now) * 1000:.1f} ms; "
+                "it was refused at once and not run"
+            )
+        if due is not None and finish > due:
+            self.recorder.refused("slo")
+            raise ServerBusy(
+                f"model {self.name} is over its latency objective: this request would finish in "
+                f"{(finish - now) * 1000:.1f} ms against an SLO of {(due - now) * 1000:.0f} ms; retry later",
+                retry_after_s=backlog_s,
+            )
 
     def _goes_alone(self, rows: int) -> bool:
         policy = self.policy
@@ -164,7 +232,7 @@ class Batcher:
                 self._expire(expired, now)
                 wake_at = next_deadline(self._pending)
                 break
-            decision = next_batch(self._pending, self.policy, now)
+            decision = next_batch(self._pending, self.policy, now, self.measured())
             self._expire(decision.expired, now)
             self._remove(decision.expired + decision.batch)
             if not decision.batch:
@@ -195,6 +263,7 @@ class Batcher:
     def _start(self, batch: list[Pending], now: float) -> None:
         self._running += 1
         rows = sum(item.rows for item in batch) if len(batch) > 1 else batch[0].rows
+        self._running_rows += rows
         jobs: list[_Job] = []
         for item in batch:
             job: _Job = item.payload  # type: ignore[assignment]
@@ -216,6 +285,7 @@ class Batcher:
 
     def _complete(self, jobs: list[_Job], rows: int, done: asyncio.Future[BatchResult]) -> None:
         self._running -= 1
+        self._running_rows -= rows
         if done.cancelled():
             self._fail(jobs, ModelNotReady(f"model {self.name} stopped before the batch ran"))
             return

@@ -13,6 +13,20 @@ batcher:
   when its rows reach the largest preferred batch size available, or when the head has waited
   ``max_queue_delay_s``. Otherwise the batcher should look again at ``wake_at``.
 * A request whose deadline has passed is expired, never run.
+
+With ``adaptive`` (the default unless a model sets ``batch_timeout_millis``) there is no fixed wait; what
+the batcher has measured (``Measured``: the cost model's per-row and per-call cost, the time between
+arrivals) decides:
+
+* Merging only pays when a call has a fixed cost: when a batch of two would save less than
+  ``MIN_SAVING`` of the time per row against two batches of one, requests run one at a time, back to
+  back (a larger batch would only make its first request wait for the others' rows).
+* Waiting for one more request pays only when one is expected sooner than a batch of one would take
+  (the mean time between arrivals is at most ``t(1)``), and only while the oldest request, once the next
+  arrives and the larger batch runs, still finishes by its due time (its SLO). Otherwise the batch goes
+  now: at concurrency 1 nothing else arrives while a request waits, so nothing ever waits.
+* Under load no wait is needed: requests queue while the runner is busy, and the batch formed when it
+  frees holds them all.
 """
 
 from __future__ import annotations
@@ -20,14 +34,35 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+MIN_SAVING = 0.1  # adaptive: merge requests only when a batch of two saves at least this share per row
+
 
 @dataclass(frozen=True, slots=True)
 class BatchPolicy:
-    """How one model version batches. ``max_batch_size`` 0 means every request runs alone."""
+    """How one model version batches. ``max_batch_size`` 0 means every request runs alone. ``adaptive``:
+    waits and sizes come from what is measured, ``max_queue_delay_s`` is not used."""
 
     max_batch_size: int
     max_queue_delay_s: float = 0.0
     preferred_batch_sizes: tuple[int, ...] = ()
+    adaptive: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What the adaptive policy decides from: batch time ``per_batch_s + per_row_s * rows`` and the mean
+    time between arrivals (None until measured)."""
+
+    per_row_s: float
+    per_batch_s: float
+    interarrival_s: float | None = None
+
+    def batch_s(self, rows: int) -> float:
+        return self.per_batch_s + self.per_row_s * rows
+
+    def merging_pays(self) -> bool:
+        one = self.batch_s(1)
+        return one > 0 and 1.0 - self.batch_s(2) / (2 * one) >= MIN_SAVING
 
 
 @dataclass(slots=True, eq=False)
@@ -41,6 +76,7 @@ class Pending:
     deadline: float | None = None
     sequence: int = 0
     payload: object = field(default=None, repr=False)
+    due: float | None = None  # when its SLO wants it answered (adaptive batching aims for it)
 
 
 @dataclass(slots=True)
@@ -68,14 +104,19 @@ def next_deadline(pending: Sequence[Pending]) -> float | None:
     return min(deadlines) if deadlines else None
 
 
-def next_batch(pending: Sequence[Pending], policy: BatchPolicy, now: float) -> Decision:
-    """Decide what to run now; ``pending`` may be in any order."""
+def next_batch(
+    pending: Sequence[Pending], policy: BatchPolicy, now: float, measured: Measured | None = None
+) -> Decision:
+    """Decide what to run now; ``pending`` may be in any order. ``measured`` is for adaptive policies;
+    without it an adaptive policy runs what is queued at once."""
     alive, expired = split_expired(pending, now)
     if not alive:
         return Decision([], expired, None)
     ordered = sorted(alive, key=queue_order)
     head = ordered[0]
     limit = policy.max_batch_size
+    if policy.adaptive and measured is not None and not measured.merging_pays():
+        limit = 1
     if limit <= 1 or head.rows >= limit:
         return Decision([head], expired, None)
 
@@ -91,6 +132,8 @@ def next_batch(pending: Sequence[Pending], policy: BatchPolicy, now: float) -> D
         candidates.append(item)
         rows += item.rows
 
+    if policy.adaptive:
+        return _adaptive(candidates, rows, blocked or rows == limit, measured, alive, expired, now)
     waited_enough = now - head.enqueued_at >= policy.max_queue_delay_s
     if rows == limit or blocked or waited_enough:
         return Decision(candidates, expired, None)
@@ -100,6 +143,34 @@ def next_batch(pending: Sequence[Pending], policy: BatchPolicy, now: float) -> D
         return Decision(preferred, expired, None)
 
     wake_at = head.enqueued_at + policy.max_queue_delay_s
+    deadline = next_deadline(alive)
+    if deadline is not None:
+        wake_at = min(wake_at, deadline)
+    return Decision([], expired, wake_at)
+
+
+def _adaptive(
+    candidates: list[Pending],
+    rows: int,
+    full: bool,
+    measured: Measured | None,
+    alive: list[Pending],
+    expired: list[Pending],
+    now: float,
+) -> Decision:
+    """Run now unless one more request is expected before a batch of one would finish and the oldest
+    request can afford to wait for it (see the module docstring)."""
+    if full or measured is None or measured.interarrival_s is None:
+        return Decision(candidates, expired, None)
+    head = candidates[0]
+    gap = measured.interarrival_s
+    one = measured.batch_s(1)
+    waited = now - head.enqueued_at
+    if gap > one or waited + gap > one:  # the next one is not expected in time, or waited enough
+        return Decision(candidates, expired, None)
+    if head.due is not None and now + gap + measured.batch_s(rows + 1) > head.due:
+        return Decision(candidates, expired, None)
+    wake_at = now + gap
     deadline = next_deadline(alive)
     if deadline is not None:
         wake_at = min(wake_at, deadline)

@@ -28,6 +28,12 @@ class BatchRecorder:
         self.stats.record_batch(rows, requests, times)
         self.metrics.batch_done(rows, times.infer_ns / 1e9)
 
+    def refused(self, reason: str) -> None:
+        """A request was refused before it was queued (``reason``: queue_full, slo or deadline); Triton's
+        statistics count it as a failure, as they count one that failed in the queue."""
+        self.metrics.refused_one(reason)
+        self.stats.fail.add(0)
+
     def answered(self, succeeded: bool, elapsed_s: float) -> None:
         """A request got its result (or error, or was cancelled) ``elapsed_s`` after it was queued."""
         if succeeded:

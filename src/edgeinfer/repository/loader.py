@@ -78,7 +78,8 @@ def batch_policy(source: ModelSource, backend: Backend) -> BatchPolicy:
         )
     return BatchPolicy(
         max_batch_size=max_batch_size,
-        max_queue_delay_s=config.batch_timeout_millis / 1000,
+        max_queue_delay_s=(config.batch_timeout_millis or 0.0) / 1000,
+        adaptive=config.adaptive_batching,
         preferred_batch_sizes=tuple(size for size in config.preferred_batch_sizes if size <= max_batch_size),
     )
 

@@ -258,6 +258,7 @@ class Registry:
         limits = QueueLimits(
             max_queue_size=config.max_queue_size,
             queue_timeout_s=config.queue_timeout_millis / 1000 if config.queue_timeout_millis else None,
+            slo_s=config.slo.target_s if config.slo is not None else None,
         )
         batcher = Batcher(
             f"{source.name!r} version {source.version}", runner, loaded.policy, limits, recorder

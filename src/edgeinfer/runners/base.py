@@ -72,11 +72,12 @@ class Runner(Protocol):
     ``run`` is called on the event loop and returns a future (awaitable) of the batch's results; a runner
     that executed the batch inline returns it already done. A whole-batch failure is the future's
     exception; a per-request failure is an exception in that request's place. At most ``capacity``
-    batches are handed to a runner at once (those beyond its concurrency wait inside it for a slot).
+    batches are handed to a runner at once (those beyond its ``concurrency`` wait inside it for a slot).
     ``close`` is awaited once, after the last batch finished.
     """
 
     capacity: int
+    concurrency: int
     cost: CostModel
 
     def run(self, batch: list[Work]) -> asyncio.Future[BatchResult]: ...

@@ -19,6 +19,7 @@ ExecuteAsync = Callable[[list[Work]], Awaitable[list[Result]]]
 class AsyncRunner:
     def __init__(self, execute: ExecuteAsync, settings: RunnerSettings) -> None:
         self._execute = execute
+        self.concurrency = settings.concurrency
         self.capacity = settings.concurrency + settings.prefetch
         self._slots = asyncio.Semaphore(settings.concurrency)
         self.cost = CostModel()

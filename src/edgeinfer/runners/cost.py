@@ -1,41 +1,62 @@
 """What a batch of n rows costs, learned from the batches a runner ran.
 
 The model is the one batch time follows on most hardware, ``a * rows + b`` (a per-row cost and a fixed
-cost per call), fitted by weighted least squares over recent batches: each new batch counts as much as
-the one before it times ``memory``, so the estimate follows a machine that slows down or speeds up.
-While every batch seen had the same row count, the fixed part cannot be told apart, and the estimate is
-proportional to rows. Pure arithmetic: no clock, no event loop.
+cost per call). Each batch size seen keeps its own moving average (a new batch weighs ``1 - memory``),
+and the line is fitted over the sizes, each size counting once. So the estimate follows a machine that
+slows down or speeds up, and what warmup measured at the largest batch is not forgotten while traffic
+runs batches of one: a fit over recent batches only would forget the slope, decide batching does not
+pay, run batches of one, and never learn otherwise. While one size has been seen, the fixed part cannot
+be told apart, and the estimate is proportional to rows. Pure arithmetic: no clock, no event loop.
 """
 
 from __future__ import annotations
+
+SIZES_KEPT = 32  # distinct batch sizes remembered (the least recently seen is dropped)
 
 
 class CostModel:
     """Asked on every batch (``estimate_s``) and told after every batch (``observe``), so the fit is
     updated when told and the estimate is one multiply-add."""
 
-    __slots__ = ("_intercept", "_memory", "_n", "_slope", "_x", "_xx", "_xy", "_y", "observed")
+    __slots__ = ("_by_rows", "_intercept", "_memory", "_slope", "_sums", "observed")
 
     def __init__(self, memory: float = 0.9) -> None:
         self._memory = memory
-        self._n = self._x = self._y = self._xx = self._xy = 0.0
+        self._by_rows: dict[int, float] = {}  # rows -> moving average of seconds, least recent first
+        self._sums = [0.0, 0.0, 0.0, 0.0]  # over the table: x, y, x*x, x*y (kept, not recomputed)
         self._slope = self._intercept = 0.0
         self.observed = 0
 
     def observe(self, rows: int, seconds: float) -> None:
-        keep = self._memory
-        self._n = n = self._n * keep + 1.0
-        self._x = x = self._x * keep + rows
-        self._y = y = self._y * keep + seconds
-        self._xx = xx = self._xx * keep + rows * rows
-        self._xy = xy = self._xy * keep + rows * seconds
+        by_rows = self._by_rows
+        previous = by_rows.pop(rows, None)  # re-inserted last: the dict is ordered by recency
+        if previous is not None:
+            self._account(rows, previous, -1.0)
+            seconds = previous * self._memory + seconds * (1 - self._memory)
+        by_rows[rows] = seconds
+        self._account(rows, seconds, 1.0)
+        if len(by_rows) > SIZES_KEPT:
+            oldest = next(iter(by_rows))
+            self._account(oldest, by_rows.pop(oldest), -1.0)
         self.observed += 1
-        mean_x, mean_y = x / n, y / n
-        variance = xx / n - mean_x * mean_x
-        if variance <= 1e-9 * (mean_x * mean_x + 1.0):  # one batch size seen so far
+        self._fit()
+
+    def _account(self, rows: int, seconds: float, sign: float) -> None:
+        sums = self._sums
+        sums[0] += sign * rows
+        sums[1] += sign * seconds
+        sums[2] += sign * rows * rows
+        sums[3] += sign * rows * seconds
+
+    def _fit(self) -> None:
+        count = len(self._by_rows)
+        sum_x, sum_y, sum_xx, sum_xy = self._sums
+        mean_x, mean_y = sum_x / count, sum_y / count
+        if count == 1:
             self._slope, self._intercept = (mean_y / mean_x, 0.0) if mean_x > 0 else (0.0, mean_y)
             return
-        slope = (xy / n - mean_x * mean_y) / variance
+        variance = sum_xx / count - mean_x * mean_x
+        slope = (sum_xy / count - mean_x * mean_y) / variance if variance > 0 else 0.0
         self._slope = slope = slope if slope > 0.0 else 0.0
         intercept = mean_y - slope * mean_x
         self._intercept = intercept if intercept > 0.0 else 0.0
@@ -45,3 +66,19 @@ class CostModel:
         if not self.observed:
             return None
         return self._slope * rows + self._intercept
+
+    @property
+    def per_row_s(self) -> float:
+        return self._slope
+
+    @property
+    def per_batch_s(self) -> float:
+        """The fixed cost of one call, whatever its rows: what merging requests saves."""
+        return self._intercept
+
+    def saving(self, rows: int) -> float:
+        """The share of time per row that a batch of ``rows`` saves against batches of one (0 to 1)."""
+        one = self._slope + self._intercept
+        if rows <= 1 or one <= 0:
+            return 0.0
+        return 1.0 - (self._slope * rows + self._intercept) / (rows * one)

@@ -245,6 +245,7 @@ class ProcessRunner:
             self._execute, replace(settings, concurrency=pool.instances, inline_max_s=0.0)
         )
         self.capacity = self._threads.capacity
+        self.concurrency = pool.instances
         self.cost = self._threads.cost
 
     def run(self, batch: list[Work]) -> Any:

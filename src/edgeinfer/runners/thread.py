@@ -26,6 +26,7 @@ from edgeinfer.runners.cost import CostModel
 class ThreadRunner:
     def __init__(self, execute: Execute, settings: RunnerSettings) -> None:
         self._execute = execute
+        self.concurrency = settings.concurrency
         self.capacity = settings.concurrency + settings.prefetch
         self._slots = threading.BoundedSemaphore(settings.concurrency)
         self._inline_max_s = settings.inline_max_s
