@@ -50,6 +50,11 @@ models:
     model_path: slow.onnx
     backend_config: {intra_op_num_threads: 1}
     max_batch_size: 0
+  slow_slo:  # any queue behind a running batch of this model misses 1 ms, on any machine
+    model_path: slow.onnx
+    backend_config: {intra_op_num_threads: 1}
+    max_batch_size: 8
+    slo: {p99_ms: 1}
   failing: {model_path: failing.onnx, max_batch_size: 0}
   row_changing: {model_path: row_changing.onnx}
   fixed: {model_path: fixed.onnx}

@@ -12,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import orjson
 
-from tests.support import ServerProcess, infer_body, request, wait_queue
+from tests.support import ServerProcess, infer_body, metric, request, scrape, wait_queue
 
 
 def stats(server: ServerProcess, model: str) -> dict:
@@ -88,8 +88,9 @@ def test_an_expired_deadline_gets_504_and_is_never_run(special_server):
             slow_body(3, parameters={"timeout": 20_000}),  # microseconds, as Triton clients send it
         )
         assert long_running.result().status == 200
-    assert reply.status == 504  # refused at once: the queue ahead is predicted to outlast the timeout
-    assert "after its timeout of 20.0 ms; it was refused at once and not run" in reply.error
+    # refused at once when the batch ahead is predicted to outlast the timeout, else expired in the queue
+    assert reply.status == 504
+    assert "not run" in reply.error
     wait_queue(port, "slow_unbatched", 0, 0)
     after = stats(special_server, "slow_unbatched")
     assert after["execution_count"] - before["execution_count"] == 1, "only the long request ran"
@@ -164,3 +165,24 @@ def test_a_streamed_body_over_the_limit_is_413(special_server):
     assert b"larger than the limit of 52428 bytes" in reply.read()
     connection.close()
     assert request(special_server.port, "GET", "/v2/health/ready").status == 200
+
+
+def test_a_request_that_would_miss_the_slo_gets_429_at_once_with_retry_after(special_server):
+    port = special_server.port
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        running = pool.submit(request, port, "POST", "/v2/models/slow_slo/infer", slow_body(8))
+        wait_queue(port, "slow_slo", 0, 1)
+        reply = request(port, "POST", "/v2/models/slow_slo/infer", slow_body(1))
+        refused_while_running = not running.done()
+        assert running.result().status == 200
+    assert reply.status == 429
+    assert "is over its latency objective" in reply.error
+    assert "against an SLO of 1 ms" in reply.error
+    assert int(reply.headers["retry-after"]) >= 1
+    assert refused_while_running, "refused at once, not after waiting for the running batch"
+    samples = scrape(port)
+    assert (
+        metric(samples, "edgeinfer_requests_refused_total", model="slow_slo", version="1", reason="slo") == 1
+    )
+    alone = request(port, "POST", "/v2/models/slow_slo/infer", slow_body(1))
+    assert alone.status == 200, "with nothing ahead, a request is admitted whatever the SLO"

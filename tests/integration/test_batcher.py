@@ -261,3 +261,68 @@ def test_an_async_runner_keeps_to_its_concurrency_with_prefetch():
     runner = asyncio.run(main())
     assert runner.capacity == 3
     assert most == 1
+
+
+# Admission control: what is predicted to miss its SLO or its timeout is refused at once, by reason.
+def _seeded(backend: FakeBackend, policy: BatchPolicy, limits: QueueLimits) -> Batcher:
+    batcher = make(backend, policy=policy, limits=limits)
+    for size in (1, 4):
+        batcher.runner.cost.observe(size, 0.010 * size)  # 10 ms per row: merging does not pay
+    return batcher
+
+
+def test_a_request_predicted_to_miss_the_slo_is_refused_at_once_and_counted():
+    async def main():
+        backend = FakeBackend(hold=True)
+        adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
+        batcher = _seeded(backend, adaptive, QueueLimits(slo_s=0.035))
+        running = submit(batcher, 1.0, 2)  # nothing ahead: admitted whatever it costs
+        await entered(backend, 1)
+        queued = submit(batcher, 2.0)  # 20 ms running + 10 ms: within 35 ms
+        with pytest.raises(ServerBusy, match="over its latency objective") as refused:
+            submit(batcher, 3.0)  # 20 + 10 queued + 10 ms
+        backend.release()
+        await asyncio.gather(running, queued)
+        return batcher, refused.value
+
+    batcher, refused = asyncio.run(main())
+    assert refused.retry_after_s == pytest.approx(0.030)  # the measured backlog it met
+    assert batcher.recorder.metrics.refused == {"slo": 1}
+    assert batcher.recorder.stats.fail.count == 1
+
+
+def test_higher_priority_is_admitted_where_lower_priority_is_refused():
+    async def main():
+        backend = FakeBackend(hold=True)
+        adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
+        batcher = _seeded(backend, adaptive, QueueLimits(slo_s=0.035))
+        running = submit(batcher, 1.0, 2)
+        await entered(backend, 1)
+        low = submit(batcher, 2.0, priority=5)
+        with pytest.raises(ServerBusy):
+            submit(batcher, 3.0, priority=5)  # behind the running batch and the other low one
+        high = submit(batcher, 4.0, priority=1)  # the low one queued is not ahead of it
+        backend.release()
+        await asyncio.gather(running, low, high)
+        return batcher
+
+    batcher = asyncio.run(main())
+    assert batcher.recorder.metrics.refused == {"slo": 1}
+
+
+def test_a_request_predicted_to_miss_its_timeout_gets_504_at_once():
+    async def main():
+        backend = FakeBackend(hold=True)
+        batcher = _seeded(backend, BatchPolicy(max_batch_size=4, adaptive=True), QueueLimits())
+        running = submit(batcher, 1.0, 2)
+        await entered(backend, 1)
+        with pytest.raises(RequestTimeout, match=r"after its timeout of 15\.0 ms; it was refused at once"):
+            submit(batcher, 2.0, timeout_s=0.015)
+        within = submit(batcher, 3.0, timeout_s=10.0)
+        backend.release()
+        await asyncio.gather(running, within)
+        return batcher, backend
+
+    batcher, backend = asyncio.run(main())
+    assert batcher.recorder.metrics.refused == {"deadline": 1}
+    assert 2.0 not in backend.rows_run()
