@@ -99,6 +99,11 @@ class _SnapshotCollector(Collector):
             PREFIX + "model_info", "Backend and execution provider of each version",
             labels=["model", "version", "backend", "execution_provider"],
         )  # fmt: skip
+        cost = GaugeMetricFamily(
+            PREFIX + "batch_cost_seconds",
+            "Learned time of a batch: part=per_batch (fixed cost of a call) + part=per_row x rows",
+            labels=["model", "version", "part"],
+        )
         for model in models:
             labels = [model["name"], model["version"]]
             batches.add_metric(labels, sum(model["batch_size"]["counts"]) if "batch_size" in model else 0)
@@ -112,7 +117,10 @@ class _SnapshotCollector(Collector):
                 warmup.add_metric(labels, gauges["warmup_s"])
                 ready.add_metric(labels, 1.0 if gauges["ready"] else 0.0)
                 info.add_metric([*labels, gauges["backend"], gauges["execution_provider"]], 1.0)
-        yield from (batches, queue_length, inflight, load, warmup, ready, info)
+                per_row, per_batch = gauges.get("cost", (0.0, 0.0))
+                cost.add_metric([*labels, "per_row"], per_row)
+                cost.add_metric([*labels, "per_batch"], per_batch)
+        yield from (batches, queue_length, inflight, load, warmup, ready, info, cost)
         yield from _process_families(self._process)
         if self._workers is not None:
             yield from _worker_families(self._workers)

@@ -159,6 +159,8 @@ class VersionGauges:
     warmup_s: float = 0.0
     backend: str = ""
     execution_provider: str = ""
+    cost_per_row_s: float = 0.0  # the runner's learned batch time: per_batch + per_row * rows
+    cost_per_batch_s: float = 0.0
 
 
 class Metrics:
@@ -190,6 +192,7 @@ class Metrics:
                 "warmup_s": gauge.warmup_s,
                 "backend": gauge.backend,
                 "execution_provider": gauge.execution_provider,
+                "cost": [gauge.cost_per_row_s, gauge.cost_per_batch_s],
             }
         return {"models": models}
 
@@ -281,6 +284,10 @@ def _add_model(into: dict[str, Any], entry: dict[str, Any]) -> None:
             mine["inflight"] += gauges["inflight"]
             mine["load_s"] = max(mine["load_s"], gauges["load_s"])
             mine["warmup_s"] = max(mine["warmup_s"], gauges["warmup_s"])
+            mine["cost"] = [
+                max(a, b)
+                for a, b in zip(mine.get("cost", [0.0, 0.0]), gauges.get("cost", [0.0, 0.0]), strict=True)
+            ]
 
 
 @dataclass(frozen=True, slots=True)

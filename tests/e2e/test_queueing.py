@@ -181,8 +181,8 @@ def test_a_request_that_would_miss_the_slo_gets_429_at_once_with_retry_after(spe
     assert int(reply.headers["retry-after"]) >= 1
     assert refused_while_running, "refused at once, not after waiting for the running batch"
     samples = scrape(port)
-    assert (
-        metric(samples, "edgeinfer_requests_refused_total", model="slow_slo", version="1", reason="slo") == 1
-    )
+    labels = {"model": "slow_slo", "version": "1"}
+    assert metric(samples, "edgeinfer_requests_refused_total", **labels, reason="slo") == 1
+    assert metric(samples, "edgeinfer_batch_cost_seconds", **labels, part="per_row") > 0, "the cost line"
     alone = request(port, "POST", "/v2/models/slow_slo/infer", slow_body(1))
     assert alone.status == 200, "with nothing ahead, a request is admitted whatever the SLO"

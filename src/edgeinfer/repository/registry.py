@@ -339,6 +339,8 @@ class Registry:
                     ready=entry.state is ModelState.READY,
                     queue_length=serving.batcher.queue_length if serving else 0,
                     inflight=serving.batcher.outstanding if serving else 0,
+                    cost_per_row_s=serving.runner.cost.per_row_s if serving else 0.0,
+                    cost_per_batch_s=serving.runner.cost.per_batch_s if serving else 0.0,
                 )
             )
         return gauges
