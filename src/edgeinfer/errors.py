@@ -11,6 +11,7 @@
     ├── ServerBusy                       the model's queue is full; retry later
     ├── RequestTimeout (TimeoutError)    the deadline passed before the request ran
     ├── RequestCancelled                 the client went away before the request ran
+    ├── Superseded                       a newer frame of the same stream replaced it (drop_stale)
     └── InferenceFailed (RuntimeError)   the model raised while running a batch
         └── RowsMismatch                 its outputs have other row counts than its inputs
 
@@ -74,6 +75,11 @@ class RequestCancelled(EdgeInferError):
     """The client disconnected before the request ran; it was not run."""
 
 
+class Superseded(EdgeInferError):
+    """A queued request of a stream (``stream_id``, ``drop_stale``) was replaced by a newer one of the
+    same stream before it ran; it was not run."""
+
+
 class InferenceFailed(EdgeInferError, RuntimeError):
     """The model raised, or produced outputs that cannot be split back into requests."""
 
@@ -112,6 +118,7 @@ BY_NAME: dict[str, type[EdgeInferError]] = {
         ServerBusy,
         RequestTimeout,
         RequestCancelled,
+        Superseded,
         InferenceFailed,
         RowsMismatch,
     )

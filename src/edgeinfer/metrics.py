@@ -45,6 +45,7 @@ from edgeinfer.errors import (
     RequestCancelled,
     RequestTimeout,
     ServerBusy,
+    Superseded,
 )
 
 PREFIX = "edgeinfer_"
@@ -54,7 +55,7 @@ LATENCY_BUCKETS_S = (
     1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-STATUSES = ("success", "client_error", "rejected", "timeout", "error")
+STATUSES = ("success", "client_error", "rejected", "timeout", "superseded", "error")
 UNKNOWN_MODEL = "_unknown"  # requests for models that do not exist are counted here, not by name
 Snapshot = dict[str, Any]
 
@@ -67,6 +68,8 @@ def status_label(error: BaseException | None) -> str:
         return "rejected"
     if isinstance(error, RequestTimeout):
         return "timeout"
+    if isinstance(error, Superseded):
+        return "superseded"
     if isinstance(error, (InvalidInput, ModelNotFound, RequestCancelled)):
         return "client_error"
     return "error"

@@ -40,7 +40,7 @@ from edgeinfer.repository.residency import Residency
 from edgeinfer.repository.router import Router
 from edgeinfer.repository.sources import ModelSource
 from edgeinfer.runners import Tensors, Work
-from edgeinfer.validation import check_request, parse_priority, parse_timeout_s
+from edgeinfer.validation import check_request, parse_priority, parse_stream, parse_timeout_s
 
 SERVER_NAME = "edgeinfer"
 EXTENSIONS: tuple[str, ...] = ("binary_tensor_data", "statistics", "model_configuration", "model_repository")
@@ -403,6 +403,7 @@ class InferenceCall:
             priority=parse_priority(request.parameters, entry.config.default_priority_level),
             timeout_s=_earliest(parse_timeout_s(request.parameters), deadline_s),
             trace=outcome.trace,
+            stream=parse_stream(request.parameters),
         )
 
     async def _load_then_queue(self, request: InferRequest, deadline_s: float | None) -> Tensors:

@@ -186,3 +186,33 @@ def test_a_request_that_would_miss_the_slo_gets_429_at_once_with_retry_after(spe
     assert metric(samples, "edgeinfer_batch_cost_seconds", **labels, part="per_row") > 0, "the cost line"
     alone = request(port, "POST", "/v2/models/slow_slo/infer", slow_body(1))
     assert alone.status == 200, "with nothing ahead, a request is admitted whatever the SLO"
+
+
+def test_drop_stale_answers_the_superseded_frame_409_and_runs_the_newest(special_server):
+    port = special_server.port
+    frame = {"stream_id": "cam-7", "drop_stale": True}
+    path = "/v2/models/slow_unbatched/infer"
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        running = pool.submit(request, port, "POST", path, slow_body(4))
+        wait_queue(port, "slow_unbatched", 0, 1)
+        stale = pool.submit(request, port, "POST", path, slow_body(1, parameters=frame))
+        wait_queue(port, "slow_unbatched", 1, 2)
+        newest = pool.submit(request, port, "POST", path, slow_body(1, parameters=frame))
+        assert stale.result().status == 409
+        assert "superseded by a newer one of stream 'cam-7'; it was not run" in stale.result().error
+        assert running.result().status == 200
+        assert newest.result().status == 200
+    samples = scrape(port)
+    labels = {"model": "slow_unbatched", "version": "1", "protocol": "http"}
+    assert metric(samples, "edgeinfer_inference_requests_total", **labels, status="superseded") == 1
+
+
+def test_drop_stale_needs_a_stream_id(special_server):
+    reply = request(
+        special_server.port,
+        "POST",
+        "/v2/models/slow_unbatched/infer",
+        slow_body(1, parameters={"drop_stale": True}),
+    )
+    assert reply.status == 400
+    assert "parameter 'drop_stale' needs a 'stream_id'" in reply.error

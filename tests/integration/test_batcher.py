@@ -12,7 +12,7 @@ import pytest
 from edgeinfer.batching.batcher import Batcher, QueueLimits
 from edgeinfer.batching.policy import BatchPolicy
 from edgeinfer.batching.recorder import BatchRecorder
-from edgeinfer.errors import InferenceFailed, RequestTimeout, ServerBusy
+from edgeinfer.errors import InferenceFailed, RequestTimeout, ServerBusy, Superseded
 from edgeinfer.metrics import ModelMetrics
 from edgeinfer.runners import RunnerSettings, Work
 from edgeinfer.runners.coroutine import AsyncRunner
@@ -326,3 +326,24 @@ def test_a_request_predicted_to_miss_its_timeout_gets_504_at_once():
     batcher, backend = asyncio.run(main())
     assert batcher.recorder.metrics.refused == {"deadline": 1}
     assert 2.0 not in backend.rows_run()
+
+
+def test_a_newer_frame_of_a_stream_supersedes_the_queued_one():
+    async def main():
+        backend = FakeBackend(hold=True)
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=1))
+        running = submit(batcher, 1.0, stream="cam-1")
+        await entered(backend, 1)
+        stale = submit(batcher, 2.0, stream="cam-1")
+        other = submit(batcher, 3.0, stream="cam-2")
+        plain = submit(batcher, 4.0)
+        newest = submit(batcher, 5.0, stream="cam-1")  # replaces 2.0, which has not started
+        with pytest.raises(Superseded, match="superseded by a newer one of stream 'cam-1'; it was not run"):
+            await stale
+        backend.release()
+        await asyncio.gather(running, other, plain, newest)
+        return backend
+
+    backend = asyncio.run(main())
+    assert 2.0 not in backend.rows_run()
+    assert {1.0, 3.0, 4.0, 5.0} <= set(backend.rows_run())

@@ -25,7 +25,14 @@ from edgeinfer.batching.policy import (
     split_expired,
 )
 from edgeinfer.batching.recorder import BatchRecorder
-from edgeinfer.errors import EdgeInferError, InferenceFailed, ModelNotReady, RequestTimeout, ServerBusy
+from edgeinfer.errors import (
+    EdgeInferError,
+    InferenceFailed,
+    ModelNotReady,
+    RequestTimeout,
+    ServerBusy,
+    Superseded,
+)
 from edgeinfer.outcome import RequestTrace
 from edgeinfer.runners import BatchResult, Runner, Tensors, Work
 
@@ -95,11 +102,13 @@ class Batcher:
         priority: int = 1,
         timeout_s: float | None = None,
         trace: RequestTrace | None = None,
+        stream: str | None = None,
     ) -> asyncio.Future[Tensors]:
         """Queue one request; the future resolves to its outputs or raises the batch's error.
 
         Cancelling the future (the client went away) takes the request out of the queue if it has not
-        started yet.
+        started yet. ``stream``: a request of that stream still queued is answered ``Superseded`` and
+        not run (video-like streams want the newest frame, not every frame late).
         """
         if self._closed:
             raise ModelNotReady(f"model {self.name} is unloading and takes no new requests")
@@ -126,6 +135,9 @@ class Batcher:
             payload=_Job(work, future, trace),
             due=due,
         )
+        if stream is not None:
+            item.stream = stream
+            self._supersede(stream)
         self._idle.clear()
         future.add_done_callback(partial(self._on_answered, item))
         self._outstanding += 1
@@ -142,6 +154,22 @@ class Batcher:
             self._flush_soon = True
             self._loop.call_soon(self._flush)
         return future
+
+    def _supersede(self, stream: str) -> None:
+        """Answer the queued requests of ``stream`` as superseded (counted under status "superseded")."""
+        stale = [item for item in self._pending if item.stream == stream]
+        if not stale:
+            return
+        self._remove(stale)
+        for item in stale:
+            job: _Job = item.payload  # type: ignore[assignment]
+            if not job.future.done():
+                job.future.set_exception(
+                    Superseded(
+                        f"request to model {self.name} was superseded by a newer one of stream "
+                        f"{stream!r}; it was not run"
+                    )
+                )
 
     def _arrived(self, now: float) -> None:
         """Follow the mean gap between arrivals; a gap longer than a second starts the mean afresh."""

@@ -77,6 +77,7 @@ class Pending:
     sequence: int = 0
     payload: object = field(default=None, repr=False)
     due: float | None = None  # when its SLO wants it answered (adaptive batching aims for it)
+    stream: str | None = None  # a newer request of this stream replaces it while queued (drop_stale)
 
 
 @dataclass(slots=True)

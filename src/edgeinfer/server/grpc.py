@@ -31,6 +31,7 @@ from edgeinfer.errors import (
     RequestCancelled,
     RequestTimeout,
     ServerBusy,
+    Superseded,
 )
 from edgeinfer.errors import describe as describe_error
 from edgeinfer.protocol import grpc_codec
@@ -50,6 +51,7 @@ CODE_BY_ERROR: dict[type[BaseException], grpc.StatusCode] = {
     ServerBusy: grpc.StatusCode.RESOURCE_EXHAUSTED,
     RequestTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
     RequestCancelled: grpc.StatusCode.CANCELLED,
+    Superseded: grpc.StatusCode.ABORTED,
     InferenceFailed: grpc.StatusCode.INTERNAL,
     EdgeInferError: grpc.StatusCode.INTERNAL,
 }

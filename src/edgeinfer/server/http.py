@@ -39,6 +39,7 @@ from edgeinfer.errors import (
     RequestCancelled,
     RequestTimeout,
     ServerBusy,
+    Superseded,
 )
 from edgeinfer.errors import describe as describe_error
 from edgeinfer.protocol import http_binary, json_codec
@@ -72,6 +73,7 @@ STATUS_BY_ERROR: dict[type[BaseException], int] = {
     ServerBusy: 429,
     RequestTimeout: 504,
     RequestCancelled: 499,
+    Superseded: 409,
     InferenceFailed: 500,
     EdgeInferError: 500,
 }
