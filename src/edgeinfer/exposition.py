@@ -117,7 +117,7 @@ class _SnapshotCollector(Collector):
                 warmup.add_metric(labels, gauges["warmup_s"])
                 ready.add_metric(labels, 1.0 if gauges["ready"] else 0.0)
                 info.add_metric([*labels, gauges["backend"], gauges["execution_provider"]], 1.0)
-                per_row, per_batch = gauges.get("cost", (0.0, 0.0))
+                per_row, per_batch = gauges["cost"]
                 cost.add_metric([*labels, "per_row"], per_row)
                 cost.add_metric([*labels, "per_batch"], per_batch)
         yield from (batches, queue_length, inflight, load, warmup, ready, info, cost)

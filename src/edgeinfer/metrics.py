@@ -287,10 +287,7 @@ def _add_model(into: dict[str, Any], entry: dict[str, Any]) -> None:
             mine["inflight"] += gauges["inflight"]
             mine["load_s"] = max(mine["load_s"], gauges["load_s"])
             mine["warmup_s"] = max(mine["warmup_s"], gauges["warmup_s"])
-            mine["cost"] = [
-                max(a, b)
-                for a, b in zip(mine.get("cost", [0.0, 0.0]), gauges.get("cost", [0.0, 0.0]), strict=True)
-            ]
+            mine["cost"] = [max(a, b) for a, b in zip(mine["cost"], gauges["cost"], strict=True)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import orjson
+import pytest
 
 from tests.support import ServerProcess, infer_body, metric, request, scrape, wait_queue
 
@@ -207,12 +208,20 @@ def test_drop_stale_answers_the_superseded_frame_409_and_runs_the_newest(special
     assert metric(samples, "edgeinfer_inference_requests_total", **labels, status="superseded") == 1
 
 
-def test_drop_stale_needs_a_stream_id(special_server):
-    reply = request(
-        special_server.port,
-        "POST",
-        "/v2/models/slow_unbatched/infer",
-        slow_body(1, parameters={"drop_stale": True}),
-    )
+@pytest.mark.parametrize(
+    ("parameters", "words"),
+    [
+        (
+            {"drop_stale": True},
+            "parameter 'drop_stale' needs a 'stream_id' (a string or an integer), got None",
+        ),
+        ({"drop_stale": True, "stream_id": ""}, "needs a 'stream_id' (a string or an integer), got ''"),
+        ({"drop_stale": True, "stream_id": [1]}, "needs a 'stream_id' (a string or an integer), got [1]"),
+        ({"drop_stale": "yes", "stream_id": "a"}, "parameter 'drop_stale' must be true or false, got 'yes'"),
+    ],
+)
+def test_drop_stale_parameters_are_checked(special_server, parameters, words):
+    path = "/v2/models/slow_unbatched/infer"
+    reply = request(special_server.port, "POST", path, slow_body(1, parameters=parameters))
     assert reply.status == 400
-    assert "parameter 'drop_stale' needs a 'stream_id'" in reply.error
+    assert words in reply.error

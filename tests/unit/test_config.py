@@ -97,6 +97,10 @@ def test_paths_are_relative_to_the_config_file(tmp_path, model_file, monkeypatch
             "models:\n  m:\n    model_path: m.onnx\n    max_batch_time: 0.1\n    batch_timeout_millis: 5\n",
             "give only one of batch_timeout_millis, max_batch_time",
         ),
+        ("models:\n  m: {model_path: m.onnx, slo: {}}\n", "slo needs p99_ms or p95_ms"),
+        ("models:\n  m: {model_path: m.onnx, slo: {p99_ms: 0}}\n", "models.m.slo.p99_ms"),
+        ("models:\n  m: {model_path: m.onnx, slo: {p99: 50}}\n", "models.m.slo.p99"),
+        ("server: {shutdown_delay_s: -1}\n", "server.shutdown_delay_s"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path, model_file, text, words):
@@ -105,6 +109,18 @@ def test_config_errors_name_the_key(tmp_path, model_file, text, words):
         load_config(path)
     assert words in str(caught.value)
     assert str(path) in str(caught.value)
+
+
+def test_adaptive_batching_unless_a_fixed_timeout_without_slo(tmp_path, model_file):
+    path = write(
+        tmp_path,
+        "models:\n  plain: {model_path: m.onnx}\n  fixed: {model_path: m.onnx, batch_timeout_millis: 2}\n"
+        "  both: {model_path: m.onnx, batch_timeout_millis: 2, slo: {p95_ms: 40}}\n",
+    )
+    models = load_config(path).models
+    assert [models[name].adaptive_batching for name in ("plain", "fixed", "both")] == [True, False, True]
+    assert models["both"].slo is not None
+    assert models["both"].slo.target_s == pytest.approx(0.040)
 
 
 def test_batch_timeout_aliases(tmp_path, model_file):

@@ -196,9 +196,10 @@ class Batcher:
         if measured is None:
             return
         ahead = [item.rows for item in self._pending if item.priority <= priority]
+        rows_ahead = sum(ahead)
         merged = measured.merging_pays() and self.policy.max_batch_size > 1
-        batches = -(-sum(ahead) // self.policy.max_batch_size) if merged else len(ahead)
-        backlog_s = measured.per_row_s * (sum(ahead) + self._running_rows) + measured.per_batch_s * (
+        batches = -(-rows_ahead // self.policy.max_batch_size) if merged else len(ahead)
+        backlog_s = measured.per_row_s * (rows_ahead + self._running_rows) + measured.per_batch_s * (
             batches + self._running
         )
         backlog_s /= max(1, self.runner.concurrency)
@@ -248,6 +249,7 @@ class Batcher:
         self._schedule(max(time.monotonic(), when))
 
     def _schedule(self, now: float | None) -> None:
+        measured = self.measured() if self.policy.adaptive else None  # a fixed policy does not use it
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -260,7 +262,7 @@ class Batcher:
                 self._expire(expired, now)
                 wake_at = next_deadline(self._pending)
                 break
-            decision = next_batch(self._pending, self.policy, now, self.measured())
+            decision = next_batch(self._pending, self.policy, now, measured)
             self._expire(decision.expired, now)
             self._remove(decision.expired + decision.batch)
             if not decision.batch:

@@ -60,9 +60,15 @@ class Measured:
     def batch_s(self, rows: int) -> float:
         return self.per_batch_s + self.per_row_s * rows
 
-    def merging_pays(self) -> bool:
+    def saving(self, rows: int) -> float:
+        """The share of time per row that a batch of ``rows`` saves against batches of one (0 to 1)."""
         one = self.batch_s(1)
-        return one > 0 and 1.0 - self.batch_s(2) / (2 * one) >= MIN_SAVING
+        if rows <= 1 or one <= 0:
+            return 0.0
+        return 1.0 - self.batch_s(rows) / (rows * one)
+
+    def merging_pays(self) -> bool:
+        return self.saving(2) >= MIN_SAVING
 
 
 @dataclass(slots=True, eq=False)

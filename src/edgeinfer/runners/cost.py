@@ -75,10 +75,3 @@ class CostModel:
     def per_batch_s(self) -> float:
         """The fixed cost of one call, whatever its rows: what merging requests saves."""
         return self._intercept
-
-    def saving(self, rows: int) -> float:
-        """The share of time per row that a batch of ``rows`` saves against batches of one (0 to 1)."""
-        one = self._slope + self._intercept
-        if rows <= 1 or one <= 0:
-            return 0.0
-        return 1.0 - (self._slope * rows + self._intercept) / (rows * one)
