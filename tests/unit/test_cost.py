@@ -76,3 +76,15 @@ def test_sizes_not_seen_for_long_are_dropped():
     for rows in range(1, 40):
         cost.observe(rows, 0.001 * rows)
     assert cost.estimate_s(10) == pytest.approx(0.010)
+
+
+def test_a_size_that_keeps_running_is_judged_by_its_own_recent_batches():
+    """After load (large batches measured slow), batches of one are what they take now, not the line."""
+    cost = CostModel()
+    for rows in (8, 16, 32, 64):
+        cost.observe(rows, 0.001 + 0.00001 * rows)  # under load: 1 ms per call
+    for _ in range(30):
+        cost.observe(1, 0.00002)  # alone: 20 us
+    assert cost.estimate_s(1) > 0.0005  # the line still carries the load's fixed cost
+    assert cost.recent_s(1) == pytest.approx(0.00002, rel=0.01)
+    assert cost.recent_s(2) is None

@@ -67,6 +67,15 @@ class CostModel:
             return None
         return self._slope * rows + self._intercept
 
+    def recent_s(self, rows: int) -> float | None:
+        """The moving average of batches of exactly ``rows``, None if none was seen (or it was dropped).
+
+        What decides between paths for a size that keeps running (the thread runner's inline choice):
+        the line is fitted over every size ever seen, so after a burst of large batches measured under
+        load its value at 1 row can stay far above what batches of one take now, and a decision made
+        on it would never be revisited."""
+        return self._by_rows.get(rows)
+
     @property
     def per_row_s(self) -> float:
         return self._slope

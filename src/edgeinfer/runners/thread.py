@@ -40,7 +40,10 @@ class ThreadRunner:
         loop = asyncio.get_running_loop()
         rows = batch[0].rows if len(batch) == 1 else sum(work.rows for work in batch)
         if self._in_threads == 0 and self._inline_max_s > 0:
-            predicted = self.cost.estimate_s(rows)
+            cost = self.cost
+            predicted = cost.recent_s(rows)
+            if predicted is None:
+                predicted = cost.estimate_s(rows)
             if predicted is not None and predicted <= self._inline_max_s:
                 return self._run_inline(loop, batch, rows)
         self._in_threads += 1
