@@ -319,7 +319,7 @@ def h2load(port: int, path: str, body: Body, concurrency: int, seconds: float, p
         raise SystemExit(f"h2load failed: {result.stdout}\n{result.stderr}")
     rows = [line.split("\t") for line in log.read_text().splitlines() if line.strip()]
     latencies = np.array([int(row[2]) for row in rows if row[1] == "200"], dtype=np.int64)
-    duration_s = float(finished[0].split()[2].rstrip("s,"))
+    duration_s = _h2load_seconds(finished[0].split()[2].rstrip(","))
     percentiles = np.percentile(latencies, [50, 90, 99]) if len(latencies) else [0, 0, 0]
     return {
         "requests": len(latencies),
@@ -330,6 +330,14 @@ def h2load(port: int, path: str, body: Body, concurrency: int, seconds: float, p
         "p90_us": percentiles[1],
         "p99_us": percentiles[2],
     }
+
+
+def _h2load_seconds(text: str) -> float:
+    """h2load prints its run time as 3.00s, 999.64ms or 950us."""
+    for unit, scale in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale
+    raise ValueError(f"h2load run time not understood: {text!r}")
 
 
 def nearest_limit(limits: dict[int, float], batch: float) -> float:
