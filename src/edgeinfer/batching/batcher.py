@@ -134,9 +134,9 @@ class Batcher:
             sequence=next(self._sequence),
             payload=_Job(work, future, trace),
             due=due,
+            stream=stream,
         )
         if stream is not None:
-            item.stream = stream
             self._supersede(stream)
         self._idle.clear()
         future.add_done_callback(partial(self._on_answered, item))
