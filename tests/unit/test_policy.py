@@ -137,8 +137,10 @@ PER_ROW = Measured(per_row_s=0.030, per_batch_s=0.0005)  # a CNN on a CPU: mergi
         # the SLO leaves no room for the wait and a larger batch
         ("due too soon", replace(FIXED_COST, interarrival_s=0.0002), 2, 0.0, 0.0012, 2, None),
         ("due allows it", replace(FIXED_COST, interarrival_s=0.0002), 2, 0.0, 0.0020, 0, 0.0002),
-        # merging does not pay: one at a time, at once, whatever the arrivals
-        ("per-row cost", replace(PER_ROW, interarrival_s=0.0001), 3, 0.0, None, 1, None),
+        # merging does not pay: no wait, whatever the arrivals; what is queued is still merged
+        ("per-row cost", replace(PER_ROW, interarrival_s=0.0001), 3, 0.0, None, 3, None),
+        # another slot of the runner is idle: run now, in parallel
+        ("spare slot", replace(FIXED_COST, interarrival_s=0.0002, spare_slots=1), 2, 0.0, None, 2, None),
         # a full batch goes without waiting
         ("full", replace(FIXED_COST, interarrival_s=0.0001), 8, 0.0, None, 8, None),
     ],

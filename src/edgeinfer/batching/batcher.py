@@ -185,7 +185,8 @@ class Batcher:
         cost = self.runner.cost
         if not cost.observed:
             return None
-        return Measured(cost.per_row_s, cost.per_batch_s, self._gap_s)
+        spare = max(0, self.runner.concurrency - self._running - 1)
+        return Measured(cost.per_row_s, cost.per_batch_s, self._gap_s, spare)
 
     def _admit(self, rows: int, priority: int, now: float, deadline: float | None, due: float | None) -> None:
         """Refuse at once a request predicted to finish after its deadline (504: the client's timeout) or
@@ -197,8 +198,8 @@ class Batcher:
             return
         ahead = [item.rows for item in self._pending if item.priority <= priority]
         rows_ahead = sum(ahead)
-        merged = measured.merging_pays() and self.policy.max_batch_size > 1
-        batches = -(-rows_ahead // self.policy.max_batch_size) if merged else len(ahead)
+        most = self.policy.max_batch_size
+        batches = -(-rows_ahead // most) if most > 1 else len(ahead)
         backlog_s = measured.per_row_s * (rows_ahead + self._running_rows) + measured.per_batch_s * (
             batches + self._running
         )
