@@ -115,6 +115,28 @@ class SloConfig(_Frozen):
         return (self.p99_ms if self.p99_ms is not None else self.p95_ms or 0.0) / 1000
 
 
+class FallbackConfig(_Frozen):
+    """The degradation ladder: while the model's sliding-window p95 stays above ``enter_p95_ms`` for
+    ``enter_after_s``, requests that name no version go to ``model``; they come back once it has stayed
+    below ``exit_p95_ms`` for ``exit_after_s`` (two levels and two dwell times: no flapping)."""
+
+    model: str = Field(min_length=1, description="the cheaper model that answers while this one is over")
+    enter_p95_ms: float = Field(gt=0)
+    exit_p95_ms: float = Field(gt=0)
+    enter_after_s: float = Field(5.0, ge=0)
+    exit_after_s: float = Field(30.0, ge=0)
+    window_s: float = Field(5.0, gt=0, description="the p95 is over the requests of the last window_s")
+
+    @model_validator(mode="after")
+    def _exit_below_enter(self) -> FallbackConfig:
+        if self.exit_p95_ms >= self.enter_p95_ms:
+            raise ValueError(
+                f"fallback: exit_p95_ms ({self.exit_p95_ms:g}) must be below enter_p95_ms "
+                f"({self.enter_p95_ms:g}), or the ladder would switch back and forth"
+            )
+        return self
+
+
 class PipelineConfig(_Frozen):
     inputs: tuple[TensorConfig, ...]
     outputs: tuple[TensorConfig, ...]
@@ -142,6 +164,7 @@ class ModelConfig(_Frozen):
         None, ge=0, description="fixed batching: longest wait of the oldest request; unset: adaptive batching"
     )
     slo: SloConfig | None = Field(None, description="latency objective: adaptive batching and admission")
+    fallback: FallbackConfig | None = Field(None, description="a cheaper model to route to while over p95")
     preferred_batch_sizes: tuple[int, ...] = ()
     max_concurrent_batches: int = Field(1, ge=1)
     prefetch_batches: int = Field(0, ge=0, description="batches formed ahead, waiting for a compute slot")
@@ -298,6 +321,9 @@ class Config(_Frozen):
         for name in models:
             if not name or "/" in name:
                 raise ValueError(f"model name {name!r} must be non-empty and contain no '/'")
+            fallback = models[name].fallback
+            if fallback is not None and fallback.model == name:
+                raise ValueError(f"model {name!r} names itself as its fallback")
         return models
 
 

@@ -39,6 +39,7 @@ class _SnapshotCollector(Collector):
         self._models = sorted(
             snapshot["models"].values(), key=lambda entry: (entry["name"], entry["version"])
         )
+        self._ladders = sorted(snapshot.get("ladders", {}).items())
         self._process = process
         self._workers = workers
 
@@ -121,9 +122,34 @@ class _SnapshotCollector(Collector):
                 cost.add_metric([*labels, "per_row"], per_row)
                 cost.add_metric([*labels, "per_batch"], per_batch)
         yield from (batches, queue_length, inflight, load, warmup, ready, info, cost)
+        yield from _ladder_families(self._ladders)
         yield from _process_families(self._process)
         if self._workers is not None:
             yield from _worker_families(self._workers)
+
+
+def _ladder_families(ladders: list[tuple[str, dict[str, Any]]]) -> Iterator[Metric]:
+    degraded = GaugeMetricFamily(
+        PREFIX + "model_degraded",
+        "Worker processes whose degradation ladder routes the model's requests to its fallback",
+        labels=["model", "fallback"],
+    )
+    switches = CounterMetricFamily(
+        PREFIX + "fallback_switches", "Degradation ladder switches: enter (to the fallback) and exit",
+        labels=["model", "fallback", "direction"],
+    )  # fmt: skip
+    p95 = GaugeMetricFamily(
+        PREFIX + "fallback_window_p95_seconds",
+        "The sliding-window p95 latency the ladder decides on (refusals count as infinite)",
+        labels=["model"],
+    )
+    for name, ladder in ladders:
+        degraded.add_metric([name, ladder["fallback"]], ladder["degraded"])
+        switches.add_metric([name, ladder["fallback"], "enter"], ladder["entered"])
+        switches.add_metric([name, ladder["fallback"], "exit"], ladder["exited"])
+        if ladder["p95_s"] is not None:
+            p95.add_metric([name], ladder["p95_s"])
+    yield from (degraded, switches, p95)
 
 
 def _per_model(

@@ -22,6 +22,11 @@ Exported, all prefixed ``edgeinfer_`` with units in the names:
     model_load_duration_seconds{model,version}, model_warmup_duration_seconds{model,version},
     model_ready{model,version}                                           1 when every worker serves it
     model_info{model,version,backend,execution_provider}
+    requests_refused_total{model,version,reason}                 reason: queue_full, slo, deadline
+    batch_cost_seconds{model,version,part}                       the learned per_batch / per_row cost
+    model_degraded{model,fallback}                               workers routing to the fallback
+    fallback_switches_total{model,fallback,direction}            direction: enter, exit
+    fallback_window_p95_seconds{model}                           the p95 the ladder decides on
     workers, worker_ready{worker}, worker_restarts_total{worker},        with workers: N only
     worker_resident_memory_bytes{worker}, worker_cpu_seconds_total{worker}
 
@@ -166,6 +171,18 @@ class VersionGauges:
     cost_per_batch_s: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class LadderGauges:
+    """A model's degradation ladder (``fallback``), read at scrape time."""
+
+    name: str
+    fallback: str
+    degraded: bool
+    entered: int
+    exited: int
+    p95_s: float | None
+
+
 class Metrics:
     """The counters of every model version of this process."""
 
@@ -178,8 +195,8 @@ class Metrics:
             metrics = self.models[name, version] = ModelMetrics(name, version)
         return metrics
 
-    def snapshot(self, gauges: Iterable[VersionGauges]) -> Snapshot:
-        """This process's metrics as plain data: counters, histograms and ``gauges``."""
+    def snapshot(self, gauges: Iterable[VersionGauges], ladders: Iterable[LadderGauges] = ()) -> Snapshot:
+        """This process's metrics as plain data: counters, histograms, ``gauges`` and ``ladders``."""
         models: dict[str, dict[str, Any]] = {}
         for (name, version), metrics in self.models.items():
             models[_key(name, version)] = {"name": name, "version": version, **metrics.snapshot()}
@@ -197,7 +214,19 @@ class Metrics:
                 "execution_provider": gauge.execution_provider,
                 "cost": [gauge.cost_per_row_s, gauge.cost_per_batch_s],
             }
-        return {"models": models}
+        return {
+            "models": models,
+            "ladders": {
+                ladder.name: {
+                    "fallback": ladder.fallback,
+                    "degraded": int(ladder.degraded),
+                    "entered": ladder.entered,
+                    "exited": ladder.exited,
+                    "p95_s": ladder.p95_s,
+                }
+                for ladder in ladders
+            },
+        }
 
 
 def _key(name: str, version: str) -> str:
@@ -235,13 +264,25 @@ def process_stats() -> dict[str, float]:
 
 def merge(snapshots: list[Snapshot]) -> Snapshot:
     """One snapshot for the whole server: counters and histogram buckets summed; queue and in-flight
-    gauges summed; a version is ready only when every snapshot that has it says so."""
+    gauges summed; a version is ready only when every snapshot that has it says so. A ladder's
+    ``degraded`` becomes the number of workers whose ladder stepped down (each worker has its own), its
+    switches are summed and its p95 is the highest."""
     models: dict[str, dict[str, Any]] = {}
+    ladders: dict[str, dict[str, Any]] = {}
     for snapshot in snapshots:
         for key, entry in snapshot["models"].items():
             into = models.setdefault(key, {"name": entry["name"], "version": entry["version"]})
             _add_model(into, entry)
-    return {"models": models}
+        for name, ladder in snapshot.get("ladders", {}).items():
+            mine = ladders.get(name)
+            if mine is None:
+                ladders[name] = dict(ladder)
+                continue
+            for key in ("degraded", "entered", "exited"):
+                mine[key] += ladder[key]
+            known = [p95 for p95 in (mine["p95_s"], ladder["p95_s"]) if p95 is not None]
+            mine["p95_s"] = max(known) if known else None
+    return {"models": models, "ladders": ladders}
 
 
 def _copy_histogram(histogram: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import time
 from collections.abc import Callable
@@ -278,7 +279,7 @@ class InferenceService:
         }
 
     def local_metrics(self) -> Snapshot:
-        return self.metrics.snapshot(self.registry.gauges())
+        return self.metrics.snapshot(self.registry.gauges(), self.router.ladder_gauges())
 
     # ---- inference ----
 
@@ -326,6 +327,10 @@ class InferenceService:
                 version = version or ""
             metrics = self.metrics.model(name, version)
         metrics.request_done(outcome.protocol, status, total_s, outcome.decode_s, outcome.encode_s)
+        if status == "success":
+            self.router.observe(outcome.model, total_s)
+        elif status in ("rejected", "timeout"):  # for load: as if it never finished
+            self.router.observe(outcome.model, math.inf)
         self.access_log.write(outcome, metrics.name, metrics.version, status, total_s)
 
 
@@ -338,13 +343,23 @@ class InferenceCall:
     or the first ``fail``.
     """
 
-    __slots__ = ("_output_parameters", "_outputs", "_recorded", "_service", "_version", "outcome", "request")
+    __slots__ = (
+        "_model",
+        "_output_parameters",
+        "_outputs",
+        "_recorded",
+        "_service",
+        "_version",
+        "outcome",
+        "request",
+    )
 
     def __init__(self, service: InferenceService, outcome: Outcome) -> None:
         self._service = service
         self.outcome = outcome
         self.request: InferRequest | None = None
         self._outputs: asyncio.Future[Tensors] | None = None
+        self._model = outcome.model
         self._version = ""
         self._output_parameters: dict[str, dict[str, Any]] = {}
         self._recorded = False
@@ -393,7 +408,8 @@ class InferenceCall:
             entry.name, backend.inputs, backend.outputs, serving.policy.max_batch_size > 0, request
         )
         outcome.rows, outcome.metrics = checked.rows, entry.recorder.metrics
-        self._version, self._output_parameters = entry.version, serving.output_parameters
+        self._model, self._version = entry.name, entry.version  # a fallback's when the ladder is down
+        self._output_parameters = serving.output_parameters
         work = Work(
             request.inputs, checked.rows, checked.output_names, request.parameters, outcome.request_id
         )
@@ -425,10 +441,11 @@ class InferenceCall:
             if request.outputs is not None:
                 outputs = {wanted.name: outputs[wanted.name] for wanted in request.outputs}
             response = InferResponse(
-                model_name=self.outcome.model,
+                model_name=self._model,
                 model_version=self._version,
                 outputs=outputs,
                 id=request.id,
+                parameters={} if self._model == self.outcome.model else {"fallback_from": self.outcome.model},
                 requested=request.outputs,
                 output_parameters=self._output_parameters,
             )

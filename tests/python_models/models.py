@@ -231,3 +231,14 @@ class ComplexOutput(edgeinfer.Model):
 
     def predict(self, requests):
         return [{"y": request.inputs["x"] * 1j} for request in requests]
+
+
+class Sleeper(edgeinfer.Model):
+    """y = x, answered after the request's ``sleep_ms`` parameter: a latency the test chooses."""
+
+    inputs = [edgeinfer.TensorSpec("x", "FP32", (-1, 4))]
+    outputs = [edgeinfer.TensorSpec("y", "FP32", (-1, 4))]
+
+    async def predict(self, requests):
+        await asyncio.sleep(max(float(request.parameters.get("sleep_ms", 0)) for request in requests) / 1000)
+        return [{"y": request.inputs["x"]} for request in requests]

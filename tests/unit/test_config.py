@@ -101,6 +101,23 @@ def test_paths_are_relative_to_the_config_file(tmp_path, model_file, monkeypatch
         ("models:\n  m: {model_path: m.onnx, slo: {p99_ms: 0}}\n", "models.m.slo.p99_ms"),
         ("models:\n  m: {model_path: m.onnx, slo: {p99: 50}}\n", "models.m.slo.p99"),
         ("server: {shutdown_delay_s: -1}\n", "server.shutdown_delay_s"),
+        (
+            "models:\n  m: {model_path: m.onnx, fallback: {model: s, enter_p95_ms: 30, exit_p95_ms: 30}}\n",
+            "exit_p95_ms (30) must be below enter_p95_ms (30)",
+        ),
+        (
+            "models:\n  m: {model_path: m.onnx, fallback: {model: s, exit_p95_ms: 3}}\n",
+            "fallback.enter_p95_ms",
+        ),
+        (
+            "models:\n  m: {model_path: m.onnx, fallback: {model: m, enter_p95_ms: 9, exit_p95_ms: 3}}\n",
+            "model 'm' names itself as its fallback",
+        ),
+        (
+            "models:\n  m: {model_path: m.onnx, fallback: {model: s, enter_p95_ms: 9, exit_p95_ms: 3, "
+            "enter_after: 1}}\n",
+            "models.m.fallback.enter_after: unknown key",
+        ),
     ],
 )
 def test_config_errors_name_the_key(tmp_path, model_file, text, words):

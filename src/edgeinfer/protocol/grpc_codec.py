@@ -44,6 +44,18 @@ def parameters_to_dict(parameters: Mapping[str, Any]) -> Parameters:
     return result
 
 
+def set_parameter(parameter: pb.InferParameter, value: Any) -> None:
+    """One response parameter in the field its Python type maps to (bool before int: bool is an int)."""
+    if isinstance(value, bool):
+        parameter.bool_param = value
+    elif isinstance(value, int):
+        parameter.int64_param = value
+    elif isinstance(value, float):
+        parameter.double_param = value
+    else:
+        parameter.string_param = str(value)
+
+
 def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
     raw = message.raw_input_contents
     if raw and len(raw) != len(message.inputs):
@@ -110,6 +122,8 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
     message = pb.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id or ""
     )
+    for key, value in response.parameters.items():
+        set_parameter(message.parameters[key], value)
     for name, array in response.outputs.items():
         output = message.outputs.add(name=name, datatype=v2_datatype(array.dtype), shape=array.shape)
         for key, value in response.output_parameters.get(name, {}).items():
