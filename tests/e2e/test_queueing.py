@@ -208,6 +208,41 @@ def test_drop_stale_answers_the_superseded_frame_409_and_runs_the_newest(special
     assert metric(samples, "edgeinfer_inference_requests_total", **labels, status="superseded") == 1
 
 
+def test_a_grpc_stream_is_its_own_stream_for_drop_stale(special_server):
+    """On ModelStreamInfer, drop_stale needs no stream_id: the RPC is the stream. Its queued frame is
+    answered with an error message and the stream goes on."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{special_server.grpc_port}")
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+
+    def frame(rows: int, request_id: str, **parameters) -> None:
+        x = grpcclient.InferInput("X", [rows, 256], "FP32")
+        x.set_data_from_numpy(np.full((rows, 256), 0.01, np.float32))
+        client.async_stream_infer("slow_unbatched", [x], request_id=request_id, parameters=parameters)
+
+    port = special_server.port
+    try:
+        frame(4, "running")
+        wait_queue(port, "slow_unbatched", 0, 1)
+        frame(1, "stale", drop_stale=True)
+        wait_queue(port, "slow_unbatched", 1, 2)
+        frame(1, "newest", drop_stale=True)
+        results = [answers.get(timeout=30) for _ in range(3)]
+    finally:
+        client.stop_stream()
+        client.close()
+    (running, ok), (_, stale), (newest, fine) = results
+    assert ok is None
+    assert running.get_response().id == "running"
+    assert "superseded by a newer one of stream 'ModelStreamInfer#" in str(stale)
+    assert fine is None
+    assert newest.get_response().id == "newest"
+
+
 @pytest.mark.parametrize(
     ("parameters", "words"),
     [

@@ -13,6 +13,7 @@ queued request, so neither is run for nobody. A request id sent as ``x-request-i
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -88,6 +89,7 @@ Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 class GrpcServer:
     def __init__(self, service: InferenceService, max_message_bytes: int) -> None:
         self.service = service
+        self._streams = itertools.count(1)  # names each ModelStreamInfer RPC's own stream
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", max_message_bytes),
@@ -242,8 +244,11 @@ class GrpcServer:
         """Every request on the stream is queued as it arrives (so they batch) and answered in order.
 
         A message that fails (malformed, invalid, or failing in the model) is answered with its
-        ``error_message`` and the stream goes on.
+        ``error_message`` and the stream goes on. The RPC is a stream of its own: a message with
+        ``drop_stale: true`` and no ``stream_id`` belongs to this RPC's stream (its queued predecessor
+        is answered as superseded).
         """
+        own_stream = f"ModelStreamInfer#{next(self._streams)}"
         answers: asyncio.Queue[tuple[InferenceCall, asyncio.Future[Any] | BaseException] | str | None]
         answers = asyncio.Queue()
 
@@ -256,6 +261,8 @@ class GrpcServer:
                     call = self._call(request, None)
                     try:
                         decoded = call.decode(grpc_codec.decode_infer_request, request)
+                        if decoded.parameters.get("drop_stale") is True:
+                            decoded.parameters.setdefault("stream_id", own_stream)
                         answers.put_nowait((call, call.submit(decoded)))
                     except Exception as error:
                         answers.put_nowait((call, error))
