@@ -175,8 +175,11 @@ class ModelConfig(_Frozen):
         "resident", description="resident: always loaded; lru: may be evicted; on_demand: loaded on first use"
     )
     idle_unload_s: float | None = Field(None, gt=0, description="on_demand: unload after this long unused")
-    inline_max_us: float = Field(
-        100.0, ge=0, description="batches predicted faster than this run on the event loop; 0: never"
+    inline_max_us: float | None = Field(
+        None,
+        ge=0,
+        description="batches predicted faster than this run on the event loop; unset: than the measured "
+        "hop to a worker thread; 0: never",
     )
     kind: Literal["thread", "process"] = Field(
         "thread", description="python backend: predict in worker threads or in child processes"

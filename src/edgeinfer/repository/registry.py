@@ -251,7 +251,7 @@ class Registry:
             name=f"{source.name}-{source.version}",
             concurrency=config.max_concurrent_batches,
             prefetch=config.prefetch_batches,
-            inline_max_s=config.inline_max_us / 1e6,
+            inline_max_s=config.inline_max_us / 1e6 if config.inline_max_us is not None else None,
             batching=loaded.policy.max_batch_size > 0,
         )
         runner = backend.runner(settings)

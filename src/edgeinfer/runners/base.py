@@ -55,14 +55,15 @@ class RunnerSettings:
 
     ``concurrency`` batches compute at once; ``prefetch`` more may be handed over early and wait for a
     compute slot. ``inline_max_s``: a batch predicted to take at most this long runs on the event loop
-    (runners that allow it). ``batching``: requests are merged along the first dimension, so outputs
+    (runners that allow it); None: as long as the measured hop to a worker thread (``inline.py``); 0:
+    never. ``batching``: requests are merged along the first dimension, so outputs
     are split back by rows (off when the model's first dimension is not a batch dimension).
     """
 
     name: str
     concurrency: int = 1
     prefetch: int = 0
-    inline_max_s: float = 0.0
+    inline_max_s: float | None = 0.0
     batching: bool = True
 
 

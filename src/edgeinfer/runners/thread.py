@@ -2,9 +2,9 @@
 
 Handing a batch to a worker thread and back costs tens of microseconds of latency and CPU. For a model
 whose batches take less than that (a small MLP, a tree ensemble) the hop is most of the request, so a
-batch the cost model predicts at most ``inline_max_s`` runs directly on the event loop when no other batch
-of this runner is in a thread: it blocks the loop for less time than the hop would. Only runners whose
-code never blocks allow it (ONNX Runtime on the CPU); Python models never run inline.
+batch runs directly on the event loop when ``InlineChoice`` (``inline.py``: the measured hop against the
+measured inline time) says so and no other batch of this runner is in a thread. Only runners whose code
+never blocks allow it (ONNX Runtime on the CPU); Python models never run inline.
 
 ``concurrency`` batches compute at once (a semaphore around the model call only); up to ``prefetch``
 more wait in their own threads with their inputs already concatenated, so the next batch starts the
@@ -21,6 +21,7 @@ from functools import partial
 
 from edgeinfer.runners.base import BatchResult, BatchTimes, Execute, RunnerSettings, Work
 from edgeinfer.runners.cost import CostModel
+from edgeinfer.runners.inline import InlineChoice
 
 
 class ThreadRunner:
@@ -29,7 +30,8 @@ class ThreadRunner:
         self.concurrency = settings.concurrency
         self.capacity = settings.concurrency + settings.prefetch
         self._slots = threading.BoundedSemaphore(settings.concurrency)
-        self._inline_max_s = settings.inline_max_s
+        self._inline_allowed = settings.inline_max_s != 0
+        self.inline = InlineChoice(settings.inline_max_s)
         self._executor = ThreadPoolExecutor(
             max_workers=min(64, self.capacity), thread_name_prefix=f"edgeinfer-{settings.name}"
         )
@@ -39,16 +41,18 @@ class ThreadRunner:
     def run(self, batch: list[Work]) -> asyncio.Future[BatchResult]:
         loop = asyncio.get_running_loop()
         rows = batch[0].rows if len(batch) == 1 else sum(work.rows for work in batch)
-        if self._in_threads == 0 and self._inline_max_s > 0:
+        if self._in_threads == 0 and self._inline_allowed:
             cost = self.cost
-            predicted = cost.recent_s(rows)
-            if predicted is None:
-                predicted = cost.estimate_s(rows)
-            if predicted is not None and predicted <= self._inline_max_s:
+            estimate = cost.recent_s(rows)
+            if estimate is None:
+                estimate = cost.estimate_s(rows)
+            if self.inline.goes_inline(rows, estimate):
                 return self._run_inline(loop, batch, rows)
         self._in_threads += 1
+        # the hop is measured on batches that wait for nothing else of this runner
+        handed_at = time.perf_counter() if self._in_threads == 1 else None
         done = loop.run_in_executor(self._executor, self._in_thread, batch)
-        done.add_done_callback(partial(self._finished, rows))
+        done.add_done_callback(partial(self._finished, rows, handed_at))
         return done
 
     def _run_inline(
@@ -61,7 +65,9 @@ class ThreadRunner:
         except Exception as error:
             done.set_exception(error)
             return done
-        self.cost.observe(rows, (times.input_ns + times.infer_ns + times.output_ns) / 1e9)
+        seconds = times.total_s
+        self.cost.observe(rows, seconds)
+        self.inline.ran_inline(rows, seconds)
         done.set_result(BatchResult(results, times))
         return done
 
@@ -73,10 +79,13 @@ class ThreadRunner:
             times.infer_ns = max(1, time.perf_counter_ns() - started)
         return BatchResult(results, times)
 
-    def _finished(self, rows: int, done: asyncio.Future[BatchResult]) -> None:
+    def _finished(self, rows: int, handed_at: float | None, done: asyncio.Future[BatchResult]) -> None:
         self._in_threads -= 1
         if not done.cancelled() and done.exception() is None:
-            self.cost.observe(rows, done.result().times.total_s)
+            seconds = done.result().times.total_s
+            self.cost.observe(rows, seconds)
+            if handed_at is not None:
+                self.inline.hopped(time.perf_counter() - handed_at - seconds)
 
     async def close(self) -> None:
         self._executor.shutdown(wait=False)

@@ -1,0 +1,85 @@
+"""Whether a batch runs on the event loop or in a worker thread, from what both cost on this machine.
+
+Handing a batch to a worker thread and back (the *hop*: the executor's queue, a thread wake-up, the
+result's trip back to the loop) costs tens of microseconds of latency and loop time, more on a slow
+machine. A batch that computes in less than the hop costs is better run on the event loop: it blocks
+the loop for less time than the hop would take. Both sides are measured, not configured:
+
+* the hop: each batch that went to a thread alone (no other batch queued in the runner), its time from
+  hand-over to answer on the loop minus its compute time; the median of the last ``HOP_SAMPLES``;
+* a batch's inline compute time: a moving average per batch size, from the batches run inline.
+
+The rule compares the two: inline when the inline time of this size is at most the hop. Before a size
+has run inline its estimate is the thread-measured time, which is often higher (the loop thread
+competes for the CPU meanwhile); deciding on that alone is what made the choice bistable (a process
+that started in threads measured slow batches and stayed in threads). So a size whose estimate is
+within ``TRIAL_WITHIN`` hops runs inline once to measure, at once and then every ``TRIAL_EVERY``
+batches sent to threads: the outcome then depends on the model's inline time against the hop, not on
+where the process started. A trial blocks the loop for at most a few hops, once in hundreds of batches.
+
+Pure arithmetic, no clock: the thread runner tells it what happened and asks before each batch.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+HOP_SAMPLES = 16  # the hop is the median of this many recent ones
+HOP_NEEDED = 3  # no inline before this many hops were measured
+TRIAL_EVERY = 256  # thread batches of a size between two inline trials of it
+TRIAL_WITHIN = 4.0  # only sizes estimated within this many hops are tried inline
+MEMORY = 0.9  # moving average of inline times: a new batch weighs 1 - MEMORY
+SIZES_KEPT = 64  # batch sizes tracked (beyond: the tables start afresh)
+
+
+class InlineChoice:
+    """``fixed_s``: a configured limit instead of the measured hop (0: never inline)."""
+
+    __slots__ = ("_fixed_s", "_hop_s", "_hops", "_inline_s", "_threaded")
+
+    def __init__(self, fixed_s: float | None = None) -> None:
+        self._fixed_s = fixed_s
+        self._hops: deque[float] = deque(maxlen=HOP_SAMPLES)
+        self._hop_s: float | None = None
+        self._inline_s: dict[int, float] = {}
+        self._threaded: dict[int, int] = {}  # thread batches of each size since its last inline trial
+
+    @property
+    def limit_s(self) -> float | None:
+        """Batches predicted to take at most this run inline; None until the hop is measured."""
+        return self._fixed_s if self._fixed_s is not None else self._hop_s
+
+    def goes_inline(self, rows: int, thread_estimate_s: float | None) -> bool:
+        """Ask before a batch of ``rows`` (with nothing else of the runner in a thread).
+        ``thread_estimate_s``: what the cost model predicts for it (None: nothing known)."""
+        limit = self.limit_s
+        if not limit:
+            return False
+        estimate = self._inline_s.get(rows, thread_estimate_s)
+        if estimate is None:
+            return False
+        if estimate <= limit:
+            return True
+        if estimate > TRIAL_WITHIN * limit:
+            return False
+        threaded = self._threaded.get(rows, 0) + 1
+        if len(self._threaded) >= SIZES_KEPT and rows not in self._threaded:
+            self._threaded.clear()
+        self._threaded[rows] = threaded
+        return threaded % TRIAL_EVERY == 1  # the first one, then every TRIAL_EVERY
+
+    def ran_inline(self, rows: int, seconds: float) -> None:
+        previous = self._inline_s.get(rows)
+        if previous is None:
+            if len(self._inline_s) >= SIZES_KEPT:
+                self._inline_s.clear()
+            self._inline_s[rows] = seconds
+        else:
+            self._inline_s[rows] = previous * MEMORY + seconds * (1 - MEMORY)
+
+    def hopped(self, seconds: float) -> None:
+        """A batch that went to a thread alone spent ``seconds`` more than its compute."""
+        self._hops.append(max(0.0, seconds))
+        if len(self._hops) >= HOP_NEEDED:
+            self._hop_s = statistics.median(self._hops)
