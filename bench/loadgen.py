@@ -1,0 +1,202 @@
+"""An open-loop load generator: Poisson arrivals at a given rate, whatever the server does.
+
+wrk and h2load are closed-loop: a slow answer delays the next request, so an overloaded server is
+offered less load and its latency looks better than a client would see it. Here requests are sent at
+exponentially distributed gaps computed in advance, each on an idle keep-alive connection (a new one if
+none is idle), and a request's latency runs from its *scheduled* time, so time a request spent waiting
+for the client to send it counts too (no coordinated omission).
+
+Raw HTTP/1.1 over asyncio (uvloop): one prepared request, a response parsed just enough to find its
+status and length. A step that would need more than ``MAX_OPEN`` requests in flight counts the excess
+as ``client_overflow`` instead of queueing it in the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_OPEN = 1024  # requests in flight at once (connections)
+_LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)
+
+
+@dataclass
+class StepResult:
+    """One rate step. Latencies in seconds; ``ok`` answered 200, ``refused`` 429/503/504."""
+
+    rate: float
+    seconds: float
+    sent: int
+    ok_latency: np.ndarray
+    refused_latency: np.ndarray
+    errors: int
+    client_overflow: int
+    unanswered: int
+
+    @property
+    def goodput(self) -> float:
+        return len(self.ok_latency) / self.seconds
+
+    def p(self, quantile: float, refused: bool = False) -> float:
+        values = self.refused_latency if refused else self.ok_latency
+        return float(np.quantile(values, quantile)) if len(values) else float("nan")
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, generator: _Generator) -> None:
+        self.generator = generator
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.scheduled = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def send(self, request: bytes, scheduled: float) -> None:
+        self.scheduled = scheduled
+        assert self.transport is not None
+        self.transport.write(request)
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer
+        buffer += data
+        end = buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        match = _LENGTH.search(buffer, 0, end)
+        total = end + 4 + (int(match.group(1)) if match else 0)
+        if len(buffer) < total:
+            return
+        status = int(buffer[9:12])
+        del buffer[:total]
+        self.generator.answered(self, status)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.generator.lost(self)
+
+
+class _Generator:
+    def __init__(self, port: int, request: bytes) -> None:
+        self.port = port
+        self.request = request
+        self.loop = asyncio.get_running_loop()
+        self.idle: list[_Connection] = []
+        self.busy: set[_Connection] = set()
+        self.records: list[tuple[float, float, int]] = []  # (scheduled, answered, status)
+        self.errors = 0
+        self.overflow = 0
+        self.opening = 0
+
+    async def open(self) -> _Connection:
+        _, connection = await self.loop.create_connection(lambda: _Connection(self), "127.0.0.1", self.port)
+        return connection
+
+    def send(self, scheduled: float) -> None:
+        if self.idle:
+            connection = self.idle.pop()
+            self.busy.add(connection)
+            connection.send(self.request, scheduled)
+        elif len(self.busy) + self.opening < MAX_OPEN:
+            self.opening += 1
+            self.loop.create_task(self._open_and_send(scheduled))
+        else:
+            self.overflow += 1
+
+    async def _open_and_send(self, scheduled: float) -> None:
+        try:
+            connection = await self.open()
+        except OSError:
+            self.errors += 1
+            return
+        finally:
+            self.opening -= 1
+        self.busy.add(connection)
+        connection.send(self.request, scheduled)
+
+    def answered(self, connection: _Connection, status: int) -> None:
+        self.records.append((connection.scheduled, time.perf_counter(), status))
+        self.busy.discard(connection)
+        self.idle.append(connection)
+
+    def lost(self, connection: _Connection) -> None:
+        if connection in self.busy:
+            self.busy.discard(connection)
+            self.errors += 1
+        if connection in self.idle:
+            self.idle.remove(connection)
+
+    def close(self) -> None:
+        for connection in [*self.idle, *self.busy]:
+            if connection.transport is not None:
+                connection.transport.close()
+
+
+async def _step(
+    port: int, request: bytes, rate: float, seconds: float, seed: int, drain_s: float, warmup_s: float
+) -> StepResult:
+    if rate <= 0:
+        raise ValueError(f"the rate must be positive, got {rate}")
+    generator = _Generator(port, request)
+    for _ in range(min(64, max(4, int(rate * 0.01)))):  # the connections a steady rate needs
+        generator.idle.append(await generator.open())
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate, int(rate * (seconds + warmup_s) * 1.2) + 10)
+    offsets = np.cumsum(gaps)
+    offsets = offsets[offsets < seconds + warmup_s].tolist()
+    start = time.perf_counter() + 0.01
+    index = 0
+    while index < len(offsets):
+        now = time.perf_counter() - start
+        while index < len(offsets) and offsets[index] <= now:
+            generator.send(start + offsets[index])
+            index += 1
+        if index < len(offsets):
+            await asyncio.sleep(max(0.0, offsets[index] - (time.perf_counter() - start)))
+    deadline = time.perf_counter() + drain_s
+    while generator.busy or generator.opening:
+        if time.perf_counter() > deadline:
+            break
+        await asyncio.sleep(0.005)
+    unanswered = len(generator.busy)
+    generator.close()
+    measured_from = start + warmup_s
+    records = [(sent, done, status) for sent, done, status in generator.records if sent >= measured_from]
+    ok = np.array([done - sent for sent, done, status in records if status == 200])
+    refused = np.array([done - sent for sent, done, status in records if status in (429, 503, 504)])
+    errors = generator.errors + sum(1 for _, _, status in records if status not in (200, 429, 503, 504))
+    sent_count = sum(1 for offset in offsets if offset >= warmup_s)
+    return StepResult(rate, seconds, sent_count, ok, refused, errors, generator.overflow, unanswered)
+
+
+def http_request(path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    for key, value in (headers or {}).items():
+        head += f"{key}: {value}\r\n"
+    return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def run_step(
+    port: int,
+    request: bytes,
+    rate: float,
+    seconds: float,
+    seed: int = 0,
+    drain_s: float = 10.0,
+    warmup_s: float = 0.5,
+) -> StepResult:
+    """Offer ``rate`` requests/s for ``warmup_s + seconds``; what was scheduled after the warmup counts.
+    Waits at most ``drain_s`` for the last answers, then closes every connection (the server drops what
+    it still has queued for them)."""
+    import gc
+
+    import uvloop
+
+    gc.disable()
+    try:
+        return uvloop.run(_step(port, request, rate, seconds, seed, drain_s, warmup_s))
+    finally:
+        gc.enable()

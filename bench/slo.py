@@ -1,0 +1,408 @@
+"""The latency-objective benchmark (issue 12): adaptive SLO batching against a sweep of fixed settings.
+
+    python bench/slo.py [--step-seconds 3] [--plot PATH]      (also part of `python bench/run.py`)
+
+1. A probe server (every model with ``max_batch_size: 1``) gives each model's single-request latency
+   (wrk, concurrency 1) and closed-loop capacity (wrk, concurrency 32). Each model's SLO is
+   ``SLO_FACTOR`` x that latency: an objective a user of this box could ask for, derived from what the box
+   does rather than written for one machine.
+2. Light load: the user's plain config (``max_batch_size: 32, batch_timeout_millis: 2``) plus the SLO, on
+   ``tiny`` over JSON at concurrency 1, from ``FRESH_RUNS`` fresh server processes, against the bare
+   FastAPI endpoint; and ``cnn`` over JSON at concurrency 8 against in-process ONNX Runtime.
+3. The ramp: one server holds each model under the plain SLO config and under every fixed
+   configuration of ``FIXED`` (max batch x max wait, no SLO). Open-loop Poisson arrivals
+   (bench/loadgen.py) at ``RAMP`` x the probe's capacity, ``--step-seconds`` each, until a configuration
+   falls behind. The *sustainable rate* R* is the highest offered rate some configuration kept up with
+   (answered at least 95 % of it); a configuration *holds the SLO* at a rate when it answers at least 95 %
+   of it with p99 within the SLO.
+4. Overload: 2 x R* on the SLO configuration: p99 of the admitted requests, how fast refusals come back,
+   the server's RSS before and after, and that it still answers.
+
+Prints the targets and a table, returns them for run.py's report, and draws p99 and throughput against
+offered load (PNG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import loadgen  # noqa: E402
+import run  # noqa: E402  (the shared helpers of bench/run.py)
+
+SLO_FACTOR = 20  # each model's p99 objective: this many times its single-request latency here
+FRESH_RUNS = 3
+FIXED = ((1, 0.0), (8, 0.0), (8, 2.0), (32, 2.0), (32, 8.0))  # (max_batch_size, batch_timeout_millis)
+RAMP = (0.2, 0.4, 0.6, 0.75, 0.85, 0.95, 1.05, 1.2, 1.4)  # x the probe's closed-loop capacity
+KEEPS_UP = 0.95  # answered share of the offered rate that counts as keeping up
+MODELS = ("tiny", "cnn")
+
+
+@dataclass
+class RampPoint:
+    model: str
+    config: str
+    offered: float
+    goodput: float
+    p50_ms: float
+    p99_ms: float
+    refused: int
+    refused_p99_ms: float
+    errors: int
+
+    def keeps_up(self) -> bool:
+        return self.goodput >= KEEPS_UP * self.offered and self.errors == 0
+
+    def holds(self, slo_ms: float) -> bool:
+        return self.keeps_up() and self.p99_ms <= slo_ms
+
+
+def model_config(path: Path, max_batch: int, wait_ms: float | None, slo_ms: float | None) -> dict:
+    config: dict = {
+        "model_path": str(path),
+        "backend_config": {"intra_op_num_threads": 1, "inter_op_num_threads": 1},
+        "max_batch_size": max_batch,
+        "max_queue_size": 1024,
+    }
+    if wait_ms is not None:
+        config["batch_timeout_millis"] = wait_ms
+    if slo_ms is not None:
+        config["slo"] = {"p99_ms": slo_ms}
+    return config
+
+
+def plain(path: Path, slo_ms: float) -> dict:
+    """The config a user writes without tuning (issue 12), plus the SLO."""
+    return model_config(path, 32, 2.0, slo_ms)
+
+
+def fixed_name(model: str, max_batch: int, wait_ms: float) -> str:
+    return f"{model}_b{max_batch}_w{wait_ms:g}"
+
+
+def start(models: dict[str, dict], name: str) -> run.Process:
+    config = {"models": models, "logging": {"level": "WARNING"}}
+    path = run.WORK / f"{name}.yaml"
+    path.write_text(json.dumps(config))
+    return run.edgeinfer_process(path, 1)
+
+
+def wrk_p50_and_rate(
+    server: run.Process, model: str, concurrency: int, seconds: float
+) -> tuple[float, float]:
+    body = run.json_body(model.split("_")[0])
+    result = run.wrk(server.port, f"/v2/models/{model}/infer", body, concurrency, seconds, False)
+    return result["p50_us"] / 1000, result["requests"] / (result["duration_us"] / 1e6)
+
+
+def probe(paths: dict[str, Path]) -> dict[str, dict[str, float]]:
+    server = start({model: model_config(paths[model], 1, 0.0, None) for model in MODELS}, "slo-probe")
+    found = {}
+    try:
+        for model in MODELS:
+            wrk_p50_and_rate(server, model, 1, 1)  # warm
+            p50_ms, _ = wrk_p50_and_rate(server, model, 1, 2)
+            _, capacity = wrk_p50_and_rate(server, model, 32, 3)
+            slo_ms = float(f"{SLO_FACTOR * p50_ms:.2g}")
+            found[model] = {"p50_ms": p50_ms, "capacity": capacity, "slo_ms": slo_ms}
+            print(
+                f"probe {model}: c=1 p50 {p50_ms:.3f} ms, capacity {capacity:,.0f} req/s "
+                f"-> SLO p99 {slo_ms:g} ms"
+            )
+    finally:
+        server.stop()
+    return found
+
+
+def light_load(paths: dict[str, Path], slos: dict[str, float], inprocess_cnn: float, seconds: float) -> dict:
+    """c=1 on tiny from fresh processes against FastAPI, and cnn JSON c=8, all with the plain config."""
+    port = run.free_port()
+    fastapi = run.Process(
+        "fastapi-slo",
+        [sys.executable, str(HERE / "baseline_fastapi.py"), str(port), "1", f"tiny={paths['tiny']}"],
+        port,
+    )
+    ratios = []
+    try:
+        for attempt in range(FRESH_RUNS):
+            server = start({"tiny": plain(paths["tiny"], slos["tiny"])}, f"slo-fresh-{attempt}")
+            try:
+                ours, _ = wrk_p50_and_rate(server, "tiny", 1, seconds)
+            finally:
+                server.stop()
+            theirs, _ = wrk_p50_and_rate(fastapi, "tiny", 1, seconds)
+            ratio = round(ours / theirs, 3)
+            ratios.append({"edgeinfer_p50_ms": ours, "fastapi_p50_ms": theirs, "ratio": ratio})
+            print(f"tiny JSON c=1, fresh process {attempt + 1}: {ours:.3f} ms vs FastAPI {theirs:.3f} ms")
+    finally:
+        fastapi.stop()
+    server = start({"cnn": plain(paths["cnn"], slos["cnn"])}, "slo-cnn-c8")
+    try:
+        wrk_p50_and_rate(server, "cnn", 8, 2)  # warm: the cost model learns
+        _, rate = wrk_p50_and_rate(server, "cnn", 8, max(seconds, 5))
+    finally:
+        server.stop()
+    print(f"cnn JSON c=8, plain config: {rate:.1f} images/s, in-process {inprocess_cnn:.1f}")
+    return {"tiny_c1": ratios, "cnn_c8_images_per_s": rate, "cnn_inprocess_images_per_s": inprocess_cnn}
+
+
+def ramp(
+    paths: dict[str, Path], found: dict[str, dict[str, float]], step_s: dict[str, float]
+) -> tuple[list[RampPoint], dict]:
+    models = {}
+    for model in MODELS:
+        models[f"{model}_slo"] = plain(paths[model], found[model]["slo_ms"])
+        for max_batch, wait_ms in FIXED:
+            name = fixed_name(model, max_batch, wait_ms)
+            models[name] = model_config(paths[model], max_batch, wait_ms, None)
+    server = start(models, "slo-ramp")
+    points: list[RampPoint] = []
+    overload = {}
+    try:
+        for model in MODELS:
+            body = run.json_body(model).path.read_bytes()
+            slo_ms = found[model]["slo_ms"]
+            names = [f"{model}_slo", *(fixed_name(model, b, w) for b, w in FIXED)]
+            for name in names:
+                request = loadgen.http_request(f"/v2/models/{name}/infer", body)
+                behind = 0
+                for fraction in RAMP:
+                    rate = fraction * found[model]["capacity"]
+                    point = measure_step(server, model, name, request, rate, step_s[model], slo_ms)
+                    points.append(point)
+                    behind = 0 if point.keeps_up() else behind + 1
+                    if behind == 2:
+                        break
+                time.sleep(1.0)  # what was dropped at the end drains before the next configuration
+            sustainable = max(
+                (p.offered for p in points if p.model == model and p.keeps_up()),
+                default=found[model]["capacity"] * RAMP[0],
+            )
+            request = loadgen.http_request(f"/v2/models/{model}_slo/infer", body)
+            rss_before = server.memory_mib("VmRSS")
+            point = measure_step(
+                server, model, f"{model}_slo", request, 2 * sustainable, 2 * step_s[model], slo_ms
+            )
+            rss_after = server.memory_mib("VmRSS")
+            alive = run.wrk(server.port, f"/v2/models/{model}_slo/infer", run.json_body(model), 1, 1, False)
+            overload[model] = {
+                "offered": point.offered,
+                "goodput": point.goodput,
+                "admitted_p99_ms": point.p99_ms,
+                "refused": point.refused,
+                "refused_p99_ms": point.refused_p99_ms,
+                "errors": point.errors,
+                "rss_before_mib": round(rss_before, 1),
+                "rss_after_mib": round(rss_after, 1),
+                "answers_after": alive["requests"] > 0 and alive["status_errors"] == 0,
+            }
+    finally:
+        server.stop()
+    return points, overload
+
+
+def measure_step(
+    server: run.Process, model: str, name: str, request: bytes, rate: float, seconds: float, slo_ms: float
+) -> RampPoint:
+    drain_s = min(10.0, max(2.0, 4 * slo_ms / 1000))
+    result = loadgen.run_step(server.port, request, rate, seconds, drain_s=drain_s)
+    point = RampPoint(
+        model=model,
+        config="slo" if name.endswith("_slo") else name[len(model) + 1 :],
+        offered=round(result.sent / result.seconds, 1),  # what Poisson actually drew
+        goodput=round(result.goodput, 1),
+        p50_ms=round(result.p(0.5) * 1000, 2),
+        p99_ms=round(result.p(0.99) * 1000, 2),
+        refused=len(result.refused_latency),
+        refused_p99_ms=round(result.p(0.99, refused=True) * 1000, 2),
+        errors=result.errors + result.client_overflow + result.unanswered,
+    )
+    print(
+        f"  {name:16} offered {point.offered:8,.1f}/s  answered {point.goodput:8,.1f}/s  "
+        f"p50 {point.p50_ms:9.2f}  p99 {point.p99_ms:9.2f} ms  refused {point.refused:5}  "
+        f"errors {point.errors}",
+        flush=True,
+    )
+    return point
+
+
+def targets(points: list[RampPoint], found: dict, light: dict, overload: dict) -> dict:
+    summary: dict = {}
+    worst = max(light["tiny_c1"], key=lambda run_: run_["ratio"])
+    summary["tiny_json_c1_p50_vs_fastapi_worst_of_3"] = worst["ratio"]
+    summary["tiny_json_c1_p50_vs_fastapi_runs"] = [run_["ratio"] for run_ in light["tiny_c1"]]
+    summary["cnn_json_c8_vs_inprocess"] = round(
+        light["cnn_c8_images_per_s"] / light["cnn_inprocess_images_per_s"], 3
+    )
+    for model in MODELS:
+        slo_ms = found[model]["slo_ms"]
+        mine = [p for p in points if p.model == model]
+        sustainable = max((p.offered for p in mine if p.keeps_up()), default=0.0)
+        by_config: dict[str, dict] = {}
+        for config in dict.fromkeys(p.config for p in mine):
+            steps = [p for p in mine if p.config == config]
+            held = 0.0
+            for p in steps:  # the SLO holds up to the first rate where it does not
+                if not p.holds(slo_ms):
+                    break
+                held = p.offered
+            best = max((p.goodput for p in steps if p.p99_ms <= slo_ms and p.errors == 0), default=0.0)
+            by_config[config] = {"holds_slo_up_to": held, "best_goodput_within_slo": best}
+        fixed = {name: values for name, values in by_config.items() if name != "slo"}
+        best_fixed = max(fixed, key=lambda name: fixed[name]["best_goodput_within_slo"])
+        ours, theirs = by_config["slo"], fixed[best_fixed]
+        summary[model] = {
+            "slo_p99_ms": slo_ms,
+            "sustainable_rate": sustainable,
+            "slo_holds_up_to_share_of_sustainable": share(ours["holds_slo_up_to"], sustainable),
+            "best_fixed": best_fixed,
+            "best_fixed_holds_up_to_share": share(theirs["holds_slo_up_to"], sustainable),
+            "throughput_within_slo_vs_best_fixed": share(
+                ours["best_goodput_within_slo"], theirs["best_goodput_within_slo"]
+            ),
+            "configs": by_config,
+            "overload_2x": overload.get(model, {}),
+        }
+    return summary
+
+
+def share(part: float, whole: float) -> float:
+    return round(part / whole, 3) if whole else 0.0
+
+
+def targets_table(summary: dict) -> str:
+    lines = ["| target | wanted | measured |", "|---|---|---|"]
+    runs = ", ".join(f"{value:.2f}" for value in summary["tiny_json_c1_p50_vs_fastapi_runs"])
+    lines.append(
+        f"| tiny JSON c=1 p50 / FastAPI p50, worst of {FRESH_RUNS} fresh processes | <= 0.60 | "
+        f"{summary['tiny_json_c1_p50_vs_fastapi_worst_of_3']:.2f} ({runs}) |"
+    )
+    lines.append(
+        "| cnn JSON c=8 / in-process ONNX Runtime, no tuning | >= 0.85 | "
+        f"{summary['cnn_json_c8_vs_inprocess']:.2f} |"
+    )
+    for model in MODELS:
+        entry = summary[model]
+        over = entry["overload_2x"]
+        lines.append(
+            f"| {model}: SLO (p99 {entry['slo_p99_ms']:g} ms) held up to / sustainable rate "
+            f"({entry['sustainable_rate']:,.0f}/s) | >= 0.90 | "
+            f"{entry['slo_holds_up_to_share_of_sustainable']:.2f} "
+            f"(best fixed, {entry['best_fixed']}: {entry['best_fixed_holds_up_to_share']:.2f}) |"
+        )
+        lines.append(
+            f"| {model}: throughput within the SLO / best fixed | >= 0.90 | "
+            f"{entry['throughput_within_slo_vs_best_fixed']:.2f} |"
+        )
+        if over:
+            lines.append(
+                f"| {model} at 2x ({over['offered']:,.0f}/s): admitted p99 <= SLO; refusals p99 < 5 ms | "
+                f"<= {entry['slo_p99_ms']:g} ms; < 5 ms | {over['admitted_p99_ms']:.1f} ms; "
+                f"{over['refused_p99_ms']:.1f} ms ({over['refused']} refused, {over['errors']} errors, RSS "
+                f"{over['rss_before_mib']} -> {over['rss_after_mib']} MiB, answers after: "
+                f"{'yes' if over['answers_after'] else 'NO'}) |"
+            )
+    return "\n".join(lines)
+
+
+def points_table(points: list[RampPoint]) -> str:
+    lines = [
+        "| model | config | offered/s | answered/s | p50 ms | p99 ms | refused | refusal p99 ms | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines.extend(
+        f"| {p.model} | {p.config} | {p.offered:,.1f} | {p.goodput:,.1f} | {p.p50_ms:.2f} | "
+        f"{p.p99_ms:.2f} | {p.refused} | {p.refused_p99_ms:.2f} | {p.errors} |"
+        for p in points
+    )
+    return "\n".join(lines)
+
+
+def plot(points: list[RampPoint], found: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(len(MODELS), 2, figsize=(11, 4.2 * len(MODELS)))
+    for row, model in enumerate(MODELS):
+        latency, throughput = axes[row]
+        for config in dict.fromkeys(p.config for p in points if p.model == model):
+            steps = [p for p in points if p.model == model and p.config == config]
+            ours = config == "slo"
+            style = {"linewidth": 2.5, "color": "black"} if ours else {"linewidth": 1, "alpha": 0.8}
+            label = "adaptive + SLO" if ours else f"fixed {config}"
+            offered = [p.offered for p in steps]
+            latency.plot(offered, [p.p99_ms for p in steps], marker="o", label=label, **style)
+            throughput.plot(offered, [p.goodput for p in steps], marker="o", label=label, **style)
+        latency.axhline(found[model]["slo_ms"], color="red", linestyle="--", label="SLO (p99)")
+        latency.set_yscale("log")
+        latency.set_title(f"{model}: p99 of answered requests")
+        latency.set_xlabel("offered load (requests/s, Poisson)")
+        latency.set_ylabel("ms")
+        throughput.set_title(f"{model}: answered within any time")
+        throughput.set_xlabel("offered load (requests/s, Poisson)")
+        throughput.set_ylabel("requests/s")
+        latency.legend(fontsize=7)
+        latency.grid(True, which="both", alpha=0.3)
+        throughput.grid(True, alpha=0.3)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+def measure_all(step_seconds: float, plot_path: Path, inprocess_cnn: float | None = None) -> tuple[dict, str]:
+    """Everything above; returns the summary and a Markdown section for the report."""
+    run.WORK.mkdir(parents=True, exist_ok=True)
+    paths = run.build_models()
+    if inprocess_cnn is None:
+        inprocess_cnn = run.inprocess(paths["cnn"], "cnn", 1, [1], 2.0)[1]
+    found = probe(paths)
+    light = light_load(paths, {model: found[model]["slo_ms"] for model in MODELS}, inprocess_cnn, 3.0)
+    points, overload = ramp(paths, found, {"tiny": step_seconds, "cnn": max(step_seconds, 5.0)})
+    summary = targets(points, found, light, overload)
+    plot(points, found, plot_path)
+    markdown = (
+        "## Latency objective (bench/slo.py)\n\n"
+        f"SLOs: {SLO_FACTOR} x each model's c=1 p50 on this machine ("
+        + ", ".join(f"{model} p99 {found[model]['slo_ms']:g} ms" for model in MODELS)
+        + "). Plain config: `max_batch_size: 32, batch_timeout_millis: 2` plus the SLO; fixed sweep: "
+        + ", ".join(f"b{b}/w{w:g}" for b, w in FIXED)
+        + f" (max batch / max wait ms). Plot: `{plot_path.name}`.\n\n"
+        + targets_table(summary)
+        + "\n\nRamp (open-loop Poisson):\n\n"
+        + points_table(points)
+        + "\n"
+    )
+    return {"probe": found, "light": light, "targets": summary, "ramp": [vars(p) for p in points]}, markdown
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--step-seconds", type=float, default=3.0, help="per ramp step (cnn: at least 5)")
+    parser.add_argument("--plot", type=Path, default=run.RESULTS / "slo-ramp.png")
+    args = parser.parse_args()
+    for tool in ("wrk",):
+        if subprocess.run(["which", tool], capture_output=True).returncode:
+            raise SystemExit("wrk is needed: apt-get install wrk (make bench does this)")
+    document, markdown = measure_all(args.step_seconds, args.plot)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run.RESULTS.mkdir(parents=True, exist_ok=True)
+    (run.RESULTS / f"slo-{stamp}.json").write_text(json.dumps(document, indent=1))
+    print("\n" + markdown)
+    print(f"wrote {run.RESULTS / f'slo-{stamp}.json'} and {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
