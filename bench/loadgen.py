@@ -26,11 +26,14 @@ _LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)
 
 @dataclass
 class StepResult:
-    """One rate step. Latencies in seconds; ``ok`` answered 200, ``refused`` 429/503/504."""
+    """One rate step. Latencies in seconds (of the requests sent after the warmup); ``ok`` answered 200,
+    ``refused`` 429/503/504. ``answered``: 200 answers that arrived within the measured seconds, so a
+    server that falls behind shows it (answers during the drain afterwards do not count)."""
 
     rate: float
     seconds: float
     sent: int
+    answered: int
     ok_latency: np.ndarray
     refused_latency: np.ndarray
     errors: int
@@ -39,7 +42,7 @@ class StepResult:
 
     @property
     def goodput(self) -> float:
-        return len(self.ok_latency) / self.seconds
+        return self.answered / self.seconds
 
     def p(self, quantile: float, refused: bool = False) -> float:
         values = self.refused_latency if refused else self.ok_latency
@@ -164,12 +167,18 @@ async def _step(
     unanswered = len(generator.busy)
     generator.close()
     measured_from = start + warmup_s
+    measured_to = measured_from + seconds
+    answered = sum(
+        1 for _, done, status in generator.records if status == 200 and measured_from <= done <= measured_to
+    )
     records = [(sent, done, status) for sent, done, status in generator.records if sent >= measured_from]
     ok = np.array([done - sent for sent, done, status in records if status == 200])
     refused = np.array([done - sent for sent, done, status in records if status in (429, 503, 504)])
     errors = generator.errors + sum(1 for _, _, status in records if status not in (200, 429, 503, 504))
     sent_count = sum(1 for offset in offsets if offset >= warmup_s)
-    return StepResult(rate, seconds, sent_count, ok, refused, errors, generator.overflow, unanswered)
+    return StepResult(
+        rate, seconds, sent_count, answered, ok, refused, errors, generator.overflow, unanswered
+    )
 
 
 def http_request(path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:

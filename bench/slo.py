@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE))
 import loadgen  # noqa: E402
 import run  # noqa: E402  (the shared helpers of bench/run.py)
 
-SLO_FACTOR = 20  # each model's p99 objective: this many times its single-request latency here
+SLO_FACTOR = 30  # each model's p99 objective: this many times its single-request latency here
 FRESH_RUNS = 3
 FIXED = ((1, 0.0), (8, 0.0), (8, 2.0), (32, 2.0), (32, 8.0))  # (max_batch_size, batch_timeout_millis)
 RAMP = (0.2, 0.4, 0.6, 0.75, 0.85, 0.95, 1.05, 1.2, 1.4)  # x the probe's closed-loop capacity

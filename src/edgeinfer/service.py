@@ -26,6 +26,7 @@ import yaml
 from edgeinfer import __version__
 from edgeinfer.errors import (
     ConfigError,
+    EdgeInferError,
     InvalidInput,
     ModelEvicted,
     ModelNotFound,
@@ -312,6 +313,19 @@ class InferenceService:
                 f"model {name!r} is still loading after {timeout_s:.3f} s, the request's timeout"
             ) from None
 
+    def shed_unread(self, name: str, version: str | None) -> None:
+        """Raise ServerBusy for a request to a model whose SLO the event loop's lag alone already
+        breaks, before its body is decoded (checked only while the loop lags: nothing on light load).
+        Other errors (an unknown model) are left for after decoding, as without load."""
+        if not self.registry.loop_lag_s:
+            return
+        try:
+            entry = self.router.pick(name, version)
+        except EdgeInferError:
+            return
+        if entry.serving is not None:
+            entry.serving.batcher.refuse_unread()
+
     def record(self, outcome: Outcome) -> None:
         """Count a finished request and log it; requests for unknown models are counted as one model."""
         total_s = time.perf_counter() - outcome.started
@@ -369,9 +383,11 @@ class InferenceCall:
         return self.outcome.request_id
 
     def decode(self, decoder: Callable[[A], InferRequest], data: A) -> InferRequest:
-        """``decoder(data)``, timed. The request id: the transport's, else the body's, else a new one."""
+        """``decoder(data)``, timed. The request id: the transport's, else the body's, else a new one.
+        A model over its SLO because the server is behind refuses before decoding (``shed_unread``)."""
         outcome = self.outcome
         try:
+            self._service.shed_unread(outcome.model, outcome.version)
             request = decoder(data)
         except BaseException:
             outcome.request_id = outcome.request_id or new_request_id()

@@ -5,6 +5,7 @@ calls until released), not by sleeping."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -19,11 +20,13 @@ from edgeinfer.runners.coroutine import AsyncRunner
 from tests.fakes import FakeBackend
 
 
-def make(backend: FakeBackend, policy=None, limits=None, concurrency=1, prefetch=0, inline_max_s=0.0):
+def make(
+    backend: FakeBackend, policy=None, limits=None, concurrency=1, prefetch=0, inline_max_s=0.0, lag=None
+):
     runner = backend.runner(RunnerSettings("fake", concurrency, prefetch, inline_max_s))
     recorder = BatchRecorder(ModelMetrics("fake", "1"))
     policy = policy or BatchPolicy(max_batch_size=16, max_queue_delay_s=0.005)
-    return Batcher("fake", runner, policy, limits or QueueLimits(), recorder)
+    return Batcher("fake", runner, policy, limits or QueueLimits(), recorder, lag)
 
 
 def rows(tag: float, count: int) -> np.ndarray:
@@ -264,8 +267,8 @@ def test_an_async_runner_keeps_to_its_concurrency_with_prefetch():
 
 
 # Admission control: what is predicted to miss its SLO or its timeout is refused at once, by reason.
-def _seeded(backend: FakeBackend, policy: BatchPolicy, limits: QueueLimits) -> Batcher:
-    batcher = make(backend, policy=policy, limits=limits)
+def _seeded(backend: FakeBackend, policy: BatchPolicy, limits: QueueLimits, lag=None) -> Batcher:
+    batcher = make(backend, policy=policy, limits=limits, lag=lag)
     for size in (1, 4):
         batcher.runner.cost.observe(size, 0.010 * size)  # 10 ms per row: merging does not pay
     return batcher
@@ -347,3 +350,50 @@ def test_a_newer_frame_of_a_stream_supersedes_the_queued_one():
     backend = asyncio.run(main())
     assert 2.0 not in backend.rows_run()
     assert {1.0, 3.0, 4.0, 5.0} <= set(backend.rows_run())
+
+
+def test_the_loop_lag_follows_a_blocked_loop_and_falls_back():
+    from edgeinfer.batching.lag import LoopLag
+
+    async def main():
+        lag = LoopLag()
+        lag.start()
+        await asyncio.sleep(0.02)
+        quiet = lag.lag_s
+        time.sleep(0.05)  # the loop is blocked, as by a long stretch of parsing
+        await asyncio.sleep(0.001)
+        busy = lag.lag_s
+        await asyncio.sleep(0.2)
+        lag.stop()
+        return quiet, busy, lag.lag_s
+
+    quiet, busy, later = asyncio.run(main())
+    assert quiet < 0.01
+    assert busy >= 0.04
+    assert later < busy / 4
+
+
+def test_the_loop_lag_counts_against_the_slo_when_nothing_is_queued():
+    """Nothing queued, but the loop is 50 ms behind: a 10 ms request with a 35 ms SLO is refused; one
+    that takes 40 ms (it would miss anyway) is admitted."""
+    from edgeinfer.batching.lag import LoopLag
+
+    async def main():
+        backend = FakeBackend()
+        lag = LoopLag()
+        adaptive, limits = BatchPolicy(max_batch_size=4, adaptive=True), QueueLimits(slo_s=0.035)
+        batcher = _seeded(backend, adaptive, limits, lag)
+        lag.lag_s = 0.050  # as measured after a 50 ms stretch of work
+        with pytest.raises(ServerBusy, match=r"server busy 50\.0 ms\) against an SLO of 35 ms") as refused:
+            submit(batcher, 1.0)
+        slow = make(FakeBackend(), policy=adaptive, limits=limits, lag=lag)
+        slow.runner.cost.observe(1, 0.040)
+        slow.runner.cost.observe(4, 0.160)
+        lag.lag_s = 0.050
+        answered = await submit(slow, 2.0)
+        return refused.value, answered, batcher
+
+    refused, answered, batcher = asyncio.run(main())
+    assert refused.retry_after_s == pytest.approx(0.050)
+    assert answered["y"].shape == (1, 2)
+    assert batcher.recorder.metrics.refused == {"slo": 1}

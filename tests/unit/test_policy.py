@@ -137,8 +137,11 @@ PER_ROW = Measured(per_row_s=0.030, per_batch_s=0.0005)  # a CNN on a CPU: mergi
         # the SLO leaves no room for the wait and a larger batch
         ("due too soon", replace(FIXED_COST, interarrival_s=0.0002), 2, 0.0, 0.0012, 2, None),
         ("due allows it", replace(FIXED_COST, interarrival_s=0.0002), 2, 0.0, 0.0020, 0, 0.0002),
-        # merging does not pay: no wait, whatever the arrivals; what is queued is still merged
-        ("per-row cost", replace(PER_ROW, interarrival_s=0.0001), 3, 0.0, None, 3, None),
+        # merging does not pay: no wait, whatever the arrivals, and the head runs alone (merging three
+        # would make the first wait for all three: a mean of 90 ms instead of 61)
+        ("per-row cost", replace(PER_ROW, interarrival_s=0.0001), 3, 0.0, None, 1, None),
+        ("per-row cost, no arrivals measured", PER_ROW, 3, 0.0, None, 1, None),
+        ("per-row cost, a spare slot", replace(PER_ROW, spare_slots=1), 3, 0.0, None, 1, None),
         # another slot of the runner is idle: run now, in parallel
         ("spare slot", replace(FIXED_COST, interarrival_s=0.0002, spare_slots=1), 2, 0.0, None, 2, None),
         # a full batch goes without waiting
@@ -176,7 +179,25 @@ def test_adaptive_deadlines_still_expire_requests():
 
 @pytest.mark.parametrize(
     ("measured", "pays"),
-    [(FIXED_COST, True), (PER_ROW, False), (Measured(0.0, 0.0), False), (Measured(0.001, 0.0005), True)],
+    [
+        (FIXED_COST, True),
+        (PER_ROW, False),
+        (Measured(0.0, 0.0), False),
+        (Measured(0.001, 0.001), True),  # fixed cost = cost per row: the mean is the same either way
+        (Measured(0.001, 0.0009), False),
+    ],
 )
-def test_merging_pays_only_with_a_fixed_cost_per_call(measured, pays):
+def test_merging_pays_when_the_fixed_cost_is_at_least_the_cost_per_row(measured, pays):
     assert measured.merging_pays() is pays
+
+
+@pytest.mark.parametrize(
+    ("per_row", "per_batch"), [(1.0, 0.5), (1.0, 1.0), (1.0, 2.0), (0.1, 1.0), (1.0, 0.0)]
+)
+def test_merging_pays_exactly_when_it_lowers_the_mean_completion_time(per_row, per_batch):
+    """k requests queued on one slot: one by one they finish at t(1), 2 t(1), ...; merged, all at t(k)."""
+    measured = Measured(per_row, per_batch)
+    for k in (2, 3, 8):
+        alone = sum(i * measured.batch_s(1) for i in range(1, k + 1)) / k
+        merged = measured.batch_s(k)
+        assert (merged <= alone + 1e-12) is measured.merging_pays(), (per_row, per_batch, k)

@@ -16,6 +16,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import partial
 
+from edgeinfer.batching.lag import LoopLag
 from edgeinfer.batching.policy import (
     BatchPolicy,
     Measured,
@@ -64,7 +65,13 @@ class Batcher:
     """
 
     def __init__(
-        self, name: str, runner: Runner, policy: BatchPolicy, limits: QueueLimits, recorder: BatchRecorder
+        self,
+        name: str,
+        runner: Runner,
+        policy: BatchPolicy,
+        limits: QueueLimits,
+        recorder: BatchRecorder,
+        lag: LoopLag | None = None,
     ) -> None:
         self.name = name
         self.runner = runner
@@ -84,6 +91,9 @@ class Batcher:
         self._running_rows = 0
         self._gap_s: float | None = None  # mean time between arrivals, while requests keep coming
         self.last_submit = time.monotonic()  # when a request last came (residency reads it)
+        self._lag = lag if limits.slo_s is not None else None  # admission counts the loop's lag
+        if self._lag is not None:
+            self._lag.start()
 
     @property
     def queue_length(self) -> int:
@@ -122,7 +132,9 @@ class Batcher:
         self._arrived(now)
         deadline = _deadline(now, timeout_s, self.limits.queue_timeout_s)
         due = now + self.limits.slo_s if self.limits.slo_s is not None else None
-        if (deadline is not None or due is not None) and (self._pending or self._running):
+        if (deadline is not None or due is not None) and (
+            self._pending or self._running or (self._lag is not None and self._lag.lag_s)
+        ):
             self._admit(work.rows, priority, now, deadline, due)
         future: asyncio.Future[Tensors] = self._loop.create_future()
         item = Pending(
@@ -192,7 +204,10 @@ class Batcher:
         """Refuse at once a request predicted to finish after its deadline (504: the client's timeout) or
         its due time (429: the SLO), rather than queue it to fail later. The prediction: the queued rows
         ahead of it (same or higher priority) and the batches now running, at the measured cost, shared
-        by the runner's concurrent slots, then its own batch."""
+        by the runner's concurrent slots, then its own batch. Against the SLO the event loop's lag
+        counts too: the request waited about that long before it was read (``lag.py``); with nothing
+        queued, a request that would miss its SLO even without that wait is admitted (it cannot do
+        better)."""
         measured = self.measured()
         if measured is None:
             return
@@ -212,12 +227,33 @@ class Batcher:
                 f"ahead {backlog_s * 1000:.1f} ms), after its timeout of {(deadline - now) * 1000:.1f} ms; "
                 "it was refused at once and not run"
             )
-        if due is not None and finish > due:
+        lag_s = self._lag.lag_s if self._lag is not None else 0.0
+        own_s = measured.batch_s(rows)
+        queued_behind = bool(self._pending or self._running)
+        if due is not None and finish + lag_s > due and (queued_behind or now + own_s <= due):
+            finish += lag_s
             self.recorder.refused("slo")
             raise ServerBusy(
                 f"model {self.name} is over its latency objective: this request would finish in "
-                f"{(finish - now) * 1000:.1f} ms against an SLO of {(due - now) * 1000:.0f} ms; retry later",
-                retry_after_s=backlog_s,
+                f"{(finish - now) * 1000:.1f} ms (queue ahead {backlog_s * 1000:.1f} ms, server busy "
+                f"{lag_s * 1000:.1f} ms) against an SLO of {(due - now) * 1000:.0f} ms; retry later",
+                retry_after_s=backlog_s + lag_s,
+            )
+
+    def refuse_unread(self) -> None:
+        """Refuse a request before its body is decoded when the event loop's lag alone makes it miss
+        the SLO: the loop is the bottleneck, and a refusal that skips decoding is what lets it catch up
+        (``lag.py``). The queue is judged after decoding (``_admit``), when rows and priority are known."""
+        lag, slo_s = self._lag, self.limits.slo_s
+        if lag is None or slo_s is None or not lag.lag_s or not self.runner.cost.observed:
+            return
+        own_s = self.runner.cost.estimate_s(1) or 0.0
+        if lag.lag_s + own_s > slo_s >= own_s:
+            self.recorder.refused("slo")
+            raise ServerBusy(
+                f"model {self.name} is over its latency objective: the server is {lag.lag_s * 1000:.1f} "
+                f"ms behind, against an SLO of {slo_s * 1000:.0f} ms; retry later",
+                retry_after_s=lag.lag_s,
             )
 
     def _goes_alone(self, item: Pending, now: float) -> bool:

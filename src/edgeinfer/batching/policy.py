@@ -18,10 +18,12 @@ With ``adaptive`` (the default unless a model sets ``batch_timeout_millis``) the
 the batcher has measured (``Measured``: the cost model's per-row and per-call cost, the time between
 arrivals) decides:
 
-* Waiting only pays when a call has a fixed cost: when a batch of two would save less than
-  ``MIN_SAVING`` of the time per row against two batches of one, nothing waits. What is already queued
-  is still merged: it would wait anyway, and each batch has costs the line does not see (the event
-  loop's scheduling, the hand-over to a thread or a process).
+* Merging pays only when a call's fixed cost is at least its cost per row (``per_batch_s >= per_row_s``;
+  a batch of two then saves at least a quarter of the time per row): k requests queued on one slot
+  finish at ``t(1), 2 t(1), ... k t(1)`` one by one and all at ``t(k)`` merged, and the mean of the
+  first is ``(k + 1)(a + b) / 2``, of the second ``b + k a``: merged is sooner on average exactly when
+  ``b >= a``. Otherwise the head runs alone (a CNN on a CPU: merging four requests makes the first wait
+  for all four) and nothing waits.
 * Waiting for one more request pays only when one is expected sooner than a batch of one would take
   (the mean time between arrivals is at most ``t(1)``), and only while the oldest request, once the next
   arrives and the larger batch runs, still finishes by its due time (its SLO). Otherwise the batch goes
@@ -37,8 +39,6 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-
-MIN_SAVING = 0.1  # adaptive: merge requests only when a batch of two saves at least this share per row
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +73,8 @@ class Measured:
         return 1.0 - self.batch_s(rows) / (rows * one)
 
     def merging_pays(self) -> bool:
-        return self.saving(2) >= MIN_SAVING
+        """Merging lowers the mean completion time of what it merges (see the module docstring)."""
+        return self.per_batch_s > 0 and self.per_batch_s >= self.per_row_s
 
 
 @dataclass(slots=True, eq=False)
@@ -168,12 +169,13 @@ def _adaptive(
     expired: list[Pending],
     now: float,
 ) -> Decision:
-    """Run now unless one more request is expected before a batch of one would finish and the oldest
-    request can afford to wait for it (see the module docstring)."""
+    """Run the head alone when merging does not pay; else run what is queued now unless one more
+    request is expected before a batch of one would finish and the oldest request can afford to wait
+    for it (see the module docstring)."""
+    if measured is not None and not measured.merging_pays():
+        return Decision(candidates[:1], expired, None)  # merging would raise the mean latency
     if full or measured is None or measured.interarrival_s is None or measured.spare_slots > 0:
         return Decision(candidates, expired, None)  # (a spare slot: run now, in parallel, not later)
-    if not measured.merging_pays():
-        return Decision(candidates, expired, None)
     head = candidates[0]
     gap = measured.interarrival_s
     one = measured.batch_s(1)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from edgeinfer.backends import Backend, LoadContext
 from edgeinfer.batching.batcher import Batcher, QueueLimits
+from edgeinfer.batching.lag import LoopLag
 from edgeinfer.batching.policy import BatchPolicy
 from edgeinfer.batching.recorder import BatchRecorder
 from edgeinfer.config import ModelConfig
@@ -105,6 +106,12 @@ class Registry:
         self._context = context or LoadContext()
         self._models: dict[str, dict[str, ModelVersion]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._lag = LoopLag()  # one per event loop: the batchers of models with an SLO share it
+
+    @property
+    def loop_lag_s(self) -> float:
+        """How far behind the event loop runs (measured while a model with an SLO is loaded)."""
+        return self._lag.lag_s
 
     # ---- changing state ----
 
@@ -261,7 +268,7 @@ class Registry:
             slo_s=config.slo.target_s if config.slo is not None else None,
         )
         batcher = Batcher(
-            f"{source.name!r} version {source.version}", runner, loaded.policy, limits, recorder
+            f"{source.name!r} version {source.version}", runner, loaded.policy, limits, recorder, self._lag
         )
         return Serving(
             backend=backend,

@@ -1,0 +1,57 @@
+"""How long a request waits before the server even reads it: the event loop's lag.
+
+When the event loop is the bottleneck (a small model served at its limit: parsing and answering
+requests is most of the work), requests do not queue in a batcher; they wait in the sockets' buffers
+until the loop gets to them, where admission control cannot see them. The loop's lag is the same wait
+seen from inside: a timer due every ``INTERVAL_S`` measures how late it runs. It rises at once with a
+late tick and falls back gradually, so one quiet tick inside a busy period does not hide it.
+
+Admission (``batcher.py``) counts it as part of a request's wait: a request that arrived ``lag`` ago is
+refused once ``lag`` plus its queue exceeds its SLO, refusing costs less than answering, and the loop
+catches up. Cheap: 200 timer callbacks a second, started only for models with an SLO.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+INTERVAL_S = 0.005
+TIMER_SLACK_S = 0.001  # libuv's timers have millisecond resolution: lateness below this is not lag
+FALL = 0.8  # each on-time tick keeps this share of the lag
+
+
+class LoopLag:
+    """One per event loop (the registry's); ``lag_s`` is read on the hot path."""
+
+    __slots__ = ("_handle", "_loop", "lag_s")
+
+    def __init__(self) -> None:
+        self.lag_s = 0.0
+        self._handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        """Start ticking on the running loop (again, if it ran on another loop before)."""
+        loop = asyncio.get_running_loop()
+        if self._handle is not None and self._loop is loop:
+            return
+        self.stop()
+        self._loop = loop
+        self._schedule(time.monotonic())
+
+    def _schedule(self, now: float) -> None:
+        assert self._loop is not None
+        due = now + INTERVAL_S
+        self._handle = self._loop.call_at(self._loop.time() + INTERVAL_S, self._tick, due)
+
+    def _tick(self, due: float) -> None:
+        now = time.monotonic()
+        late = max(0.0, now - due - TIMER_SLACK_S)
+        self.lag_s = late if late > self.lag_s else self.lag_s * FALL + late * (1 - FALL)
+        self._schedule(now)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
