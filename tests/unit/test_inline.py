@@ -44,9 +44,10 @@ def test_nothing_runs_inline_before_the_hop_is_measured():
     assert choice.goes_inline(1, 1 * US)
 
 
-def test_the_hop_is_the_median_of_recent_ones():
+def test_the_hop_is_the_least_of_recent_ones():
     choice = measured(40 * US)
-    choice.hopped(5000 * US)  # one thread start, one page fault: not the hop
+    for _ in range(5):
+        choice.hopped(5000 * US)  # a thread start, a busy machine: not the hop
     assert choice.limit_s == pytest.approx(40 * US)
 
 

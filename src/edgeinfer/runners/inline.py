@@ -6,7 +6,9 @@ machine. A batch that computes in less than the hop costs is better run on the e
 the loop for less time than the hop would take. Both sides are measured, not configured:
 
 * the hop: each batch that went to a thread alone (no other batch queued in the runner), its time from
-  hand-over to answer on the loop minus its compute time; the median of the last ``HOP_SAMPLES``;
+  hand-over to answer on the loop minus its compute time; the least of the last ``HOP_SAMPLES``. The
+  hop's own cost is its lower envelope: a sample above it waited for the CPU (a busy machine, a thread
+  being started), and a limit raised by such samples would let slow batches block the loop;
 * a batch's inline compute time: a moving average per batch size, from the batches run inline.
 
 The rule compares the two: inline when the inline time of this size is at most the hop. Before a size
@@ -22,10 +24,9 @@ Pure arithmetic, no clock: the thread runner tells it what happened and asks bef
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 
-HOP_SAMPLES = 16  # the hop is the median of this many recent ones
+HOP_SAMPLES = 16  # the hop is the least of this many recent ones
 HOP_NEEDED = 3  # no inline before this many hops were measured
 TRIAL_EVERY = 256  # thread batches of a size between two inline trials of it
 TRIAL_WITHIN = 4.0  # only sizes estimated within this many hops are tried inline
@@ -82,4 +83,4 @@ class InlineChoice:
         """A batch that went to a thread alone spent ``seconds`` more than its compute."""
         self._hops.append(max(0.0, seconds))
         if len(self._hops) >= HOP_NEEDED:
-            self._hop_s = statistics.median(self._hops)
+            self._hop_s = min(self._hops)
