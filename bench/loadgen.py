@@ -39,6 +39,7 @@ class StepResult:
     errors: int
     client_overflow: int
     unanswered: int
+    client_late_p99_s: float  # how late the client sent (its own CPU): above a few ms, it was the limit
 
     @property
     def goodput(self) -> float:
@@ -93,12 +94,14 @@ class _Generator:
         self.errors = 0
         self.overflow = 0
         self.opening = 0
+        self.late: list[float] = []  # how late each request was sent, by the client's own fault
 
     async def open(self) -> _Connection:
         _, connection = await self.loop.create_connection(lambda: _Connection(self), "127.0.0.1", self.port)
         return connection
 
     def send(self, scheduled: float) -> None:
+        self.late.append(time.perf_counter() - scheduled)
         if self.idle:
             connection = self.idle.pop()
             self.busy.add(connection)
@@ -176,8 +179,9 @@ async def _step(
     refused = np.array([done - sent for sent, done, status in records if status in (429, 503, 504)])
     errors = generator.errors + sum(1 for _, _, status in records if status not in (200, 429, 503, 504))
     sent_count = sum(1 for offset in offsets if offset >= warmup_s)
+    late_p99 = float(np.quantile(generator.late, 0.99)) if generator.late else 0.0
     return StepResult(
-        rate, seconds, sent_count, answered, ok, refused, errors, generator.overflow, unanswered
+        rate, seconds, sent_count, answered, ok, refused, errors, generator.overflow, unanswered, late_p99
     )
 
 

@@ -1,7 +1,7 @@
 """`make bench`: edgeinfer against in-process ONNX Runtime and a bare FastAPI endpoint, in one run.
 
     python bench/run.py [--duration 5] [--models tiny,cnn] [--concurrency 1,8,64] [--threads 1]
-                        [--no-scaling] [--reference]
+                        [--no-scaling] [--no-slo] [--reference]
 
 1. builds the models (bench/models.py) and one JSON request body per model;
 2. measures in-process ONNX Runtime throughput at each batch size with the same threads: the limit;
@@ -12,10 +12,12 @@
    concurrency 16 (against in-process ONNX Runtime running two sessions in two threads, the 2-core
    ceiling) and `tiny` over JSON at 64; and a pure-Python model (bench/python_models.py) at
    concurrency 8 in a worker thread and in two process instances;
-5. prints the tables and writes them as JSON and Markdown under bench/results/ (latest.md). "vs
+5. the latency-objective cases (unless --no-slo): bench/slo.py, with its targets, ramp table and plot;
+6. prints the tables and writes them as JSON and Markdown under bench/results/ (latest.md). "vs
    in-process" divides the served rows/s by in-process rows/s at the measured batch size nearest the
    mean batch actually formed. With --reference (every case must be selected) the run becomes
-   bench/results/reference.md and the README's table is regenerated from it.
+   bench/results/reference.md, the README's table is regenerated from it and the ramp's plot becomes
+   docs/img/slo-ramp.png.
 """
 
 from __future__ import annotations
@@ -514,12 +516,21 @@ def scaling_summary(rows: list[Row]) -> dict[str, float]:
 
 
 README = ROOT / "README.md"
+DOCS_PLOT = ROOT / "docs" / "img" / "slo-ramp.png"
+RAMP_HEADING = "Ramp (open-loop Poisson):"
 TABLE_START, TABLE_END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 
 def write_reference(markdown: str) -> None:
-    """The run becomes the reference, and the README's table between the markers is regenerated."""
+    """The run becomes the reference, and the README's table between the markers is regenerated (all
+    of it but the ramp's steps, which stay in the reference)."""
     (RESULTS / "reference.md").write_text(markdown)
+    ramp = markdown.find(RAMP_HEADING)
+    if ramp >= 0:
+        markdown = (
+            markdown[:ramp] + "The ramp's steps are in bench/results/reference.md; its plot is in "
+            "docs/batching.md.\n"
+        )
     readme = README.read_text()
     start, end = readme.index(TABLE_START) + len(TABLE_START), readme.index(TABLE_END)
     body = markdown.split("\n", 2)[2]  # without the title line
@@ -537,15 +548,16 @@ def main() -> None:
     parser.add_argument("--servers", default="edgeinfer,fastapi")
     parser.add_argument("--protocols", default="json,binary,grpc", help="binary and grpc: edgeinfer only")
     parser.add_argument("--no-scaling", action="store_true", help="skip the workers/process cases")
+    parser.add_argument("--no-slo", action="store_true", help="skip the latency-objective cases (slo.py)")
     parser.add_argument("--reference", action="store_true", help="keep the run as the reference (all cases)")
     args = parser.parse_args()
     if args.reference and any(
         getattr(args, key) != parser.get_default(key)
-        for key in ("models", "concurrency", "servers", "protocols", "no_scaling", "threads")
+        for key in ("models", "concurrency", "servers", "protocols", "no_scaling", "no_slo", "threads")
     ):
         raise SystemExit(
             "--reference needs every case: leave --models, --concurrency, --servers, --protocols, "
-            "--threads and --no-scaling at their defaults"
+            "--threads, --no-scaling and --no-slo at their defaults"
         )
     for tool in ("wrk", "h2load"):
         if shutil.which(tool) is None:
@@ -613,13 +625,21 @@ def main() -> None:
     ceilings: dict[str, float] = {}
     if "edgeinfer" in args.servers and not args.no_scaling:
         scaled, ceilings = scaling(edgeinfer_config(paths, args.threads, python=True), args.duration, limits)
+    slo_document: dict = {}
+    slo_markdown = ""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    plot = RESULTS / f"slo-ramp-{stamp}.png"
+    if not args.no_slo:
+        import slo
+
+        cnn_limit = limits["cnn"][1] if "cnn" in limits else None
+        slo_document, slo_markdown = slo.measure_all(3.0, plot, cnn_limit)
     summary = table(rows)
     ratios = scaling_summary(scaled)
     print("\n" + summary)
     if scaled:
         print("\n" + table(scaled) + "\n\n" + json.dumps(ratios, indent=1))
     print("\nfootprint: " + json.dumps(footprint))
-    stamp = time.strftime("%Y%m%d-%H%M%S")
     document = {
         "when": stamp,
         "args": vars(args),
@@ -629,6 +649,7 @@ def main() -> None:
         "rows": [asdict(row) for row in rows],
         "scaling_rows": [asdict(row) for row in scaled],
         "scaling_ratios": ratios,
+        "slo": slo_document,
     }
     (RESULTS / f"{stamp}.json").write_text(json.dumps(document, indent=1))
     markdown = (
@@ -642,11 +663,17 @@ def main() -> None:
             + json.dumps({key: round(value, 1) for key, value in ceilings.items()})
             + f"\n\n{table(scaled)}\n\nRatios: {json.dumps(ratios)}\n"
         )
+    if slo_markdown:
+        markdown += "\n" + slo_markdown
+        print("\n" + slo_markdown)
     (RESULTS / "latest.md").write_text(markdown)
     print(f"\nwrote {RESULTS / (stamp + '.json')} and {RESULTS / 'latest.md'}")
     if args.reference:
         write_reference(markdown)
         print(f"wrote {RESULTS / 'reference.md'} and the README table")
+        if plot.exists():
+            shutil.copyfile(plot, DOCS_PLOT)
+            print(f"wrote {DOCS_PLOT}")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ class RampPoint:
     refused: int
     refused_p99_ms: float
     errors: int
+    client_late_p99_ms: float
 
     def keeps_up(self) -> bool:
         return self.goodput >= KEEPS_UP * self.offered and self.errors == 0
@@ -224,11 +225,12 @@ def measure_step(
         refused=len(result.refused_latency),
         refused_p99_ms=round(result.p(0.99, refused=True) * 1000, 2),
         errors=result.errors + result.client_overflow + result.unanswered,
+        client_late_p99_ms=round(result.client_late_p99_s * 1000, 2),
     )
     print(
         f"  {name:16} offered {point.offered:8,.1f}/s  answered {point.goodput:8,.1f}/s  "
         f"p50 {point.p50_ms:9.2f}  p99 {point.p99_ms:9.2f} ms  refused {point.refused:5}  "
-        f"errors {point.errors}",
+        f"errors {point.errors}  client late p99 {point.client_late_p99_ms:.2f} ms",
         flush=True,
     )
     return point
@@ -315,12 +317,13 @@ def targets_table(summary: dict) -> str:
 
 def points_table(points: list[RampPoint]) -> str:
     lines = [
-        "| model | config | offered/s | answered/s | p50 ms | p99 ms | refused | refusal p99 ms | errors |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | config | offered/s | answered/s | p50 ms | p99 ms | refused | refusal p99 ms | errors "
+        "| client late p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines.extend(
         f"| {p.model} | {p.config} | {p.offered:,.1f} | {p.goodput:,.1f} | {p.p50_ms:.2f} | "
-        f"{p.p99_ms:.2f} | {p.refused} | {p.refused_p99_ms:.2f} | {p.errors} |"
+        f"{p.p99_ms:.2f} | {p.refused} | {p.refused_p99_ms:.2f} | {p.errors} | {p.client_late_p99_ms:.2f} |"
         for p in points
     )
     return "\n".join(lines)

@@ -40,6 +40,7 @@ class _SnapshotCollector(Collector):
             snapshot["models"].values(), key=lambda entry: (entry["name"], entry["version"])
         )
         self._ladders = sorted(snapshot.get("ladders", {}).items())
+        self._loop_lag_s = snapshot.get("loop_lag_s", 0.0)
         self._process = process
         self._workers = workers
 
@@ -123,6 +124,12 @@ class _SnapshotCollector(Collector):
                 cost.add_metric([*labels, "per_batch"], per_batch)
         yield from (batches, queue_length, inflight, load, warmup, ready, info, cost)
         yield from _ladder_families(self._ladders)
+        yield GaugeMetricFamily(
+            PREFIX + "event_loop_lag_seconds",
+            "How late the event loop runs a timer: the wait of a request not yet read (measured while a "
+            "model with an SLO is loaded; with workers, the largest)",
+            value=self._loop_lag_s,
+        )
         yield from _process_families(self._process)
         if self._workers is not None:
             yield from _worker_families(self._workers)

@@ -27,6 +27,7 @@ Exported, all prefixed ``edgeinfer_`` with units in the names:
     model_degraded{model,fallback}                               workers routing to the fallback
     fallback_switches_total{model,fallback,direction}            direction: enter, exit
     fallback_window_p95_seconds{model}                           the p95 the ladder decides on
+    event_loop_lag_seconds                                       how late the loop runs (with an SLO)
     workers, worker_ready{worker}, worker_restarts_total{worker},        with workers: N only
     worker_resident_memory_bytes{worker}, worker_cpu_seconds_total{worker}
 
@@ -195,8 +196,14 @@ class Metrics:
             metrics = self.models[name, version] = ModelMetrics(name, version)
         return metrics
 
-    def snapshot(self, gauges: Iterable[VersionGauges], ladders: Iterable[LadderGauges] = ()) -> Snapshot:
-        """This process's metrics as plain data: counters, histograms, ``gauges`` and ``ladders``."""
+    def snapshot(
+        self,
+        gauges: Iterable[VersionGauges],
+        ladders: Iterable[LadderGauges] = (),
+        loop_lag_s: float = 0.0,
+    ) -> Snapshot:
+        """This process's metrics as plain data: counters, histograms, ``gauges``, ``ladders`` and how
+        far behind its event loop runs."""
         models: dict[str, dict[str, Any]] = {}
         for (name, version), metrics in self.models.items():
             models[_key(name, version)] = {"name": name, "version": version, **metrics.snapshot()}
@@ -216,6 +223,7 @@ class Metrics:
             }
         return {
             "models": models,
+            "loop_lag_s": loop_lag_s,
             "ladders": {
                 ladder.name: {
                     "fallback": ladder.fallback,
@@ -266,7 +274,7 @@ def merge(snapshots: list[Snapshot]) -> Snapshot:
     """One snapshot for the whole server: counters and histogram buckets summed; queue and in-flight
     gauges summed; a version is ready only when every snapshot that has it says so. A ladder's
     ``degraded`` becomes the number of workers whose ladder stepped down (each worker has its own), its
-    switches are summed and its p95 is the highest."""
+    switches are summed and its p95 is the highest; the loop lag is the largest worker's."""
     models: dict[str, dict[str, Any]] = {}
     ladders: dict[str, dict[str, Any]] = {}
     for snapshot in snapshots:
@@ -282,7 +290,8 @@ def merge(snapshots: list[Snapshot]) -> Snapshot:
                 mine[key] += ladder[key]
             known = [p95 for p95 in (mine["p95_s"], ladder["p95_s"]) if p95 is not None]
             mine["p95_s"] = max(known) if known else None
-    return {"models": models, "ladders": ladders}
+    lag = max((snapshot.get("loop_lag_s", 0.0) for snapshot in snapshots), default=0.0)
+    return {"models": models, "ladders": ladders, "loop_lag_s": lag}
 
 
 def _copy_histogram(histogram: dict[str, Any]) -> dict[str, Any]:

@@ -280,7 +280,9 @@ class InferenceService:
         }
 
     def local_metrics(self) -> Snapshot:
-        return self.metrics.snapshot(self.registry.gauges(), self.router.ladder_gauges())
+        return self.metrics.snapshot(
+            self.registry.gauges(), self.router.ladder_gauges(), self.registry.loop_lag_s
+        )
 
     # ---- inference ----
 

@@ -129,11 +129,11 @@ def test_the_ladder_counts_switches_and_rechecks_at_most_every_check_interval():
     assert (ladder.entered, ladder.exited) == (1, 1)
 
 
-def test_workers_ladders_merge_into_one_exposition():
+def test_workers_ladders_and_loop_lags_merge_into_one_exposition():
     from edgeinfer.exposition import exposition
     from edgeinfer.metrics import LadderGauges, Metrics, merge
 
-    down = Metrics().snapshot([], [LadderGauges("big", "small", True, 2, 1, 0.050)])
+    down = Metrics().snapshot([], [LadderGauges("big", "small", True, 2, 1, 0.050)], loop_lag_s=0.003)
     up = Metrics().snapshot([], [LadderGauges("big", "small", False, 1, 1, None)])
     merged = merge([down, up])
     assert merged["ladders"]["big"] == {
@@ -143,3 +143,4 @@ def test_workers_ladders_merge_into_one_exposition():
     assert 'edgeinfer_model_degraded{fallback="small",model="big"} 1.0' in text
     assert 'edgeinfer_fallback_switches_total{direction="enter",fallback="small",model="big"} 3.0' in text
     assert 'edgeinfer_fallback_window_p95_seconds{model="big"} 0.05' in text
+    assert "edgeinfer_event_loop_lag_seconds 0.003" in text  # the larger of the two workers' lags

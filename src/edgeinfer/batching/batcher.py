@@ -91,9 +91,7 @@ class Batcher:
         self._running_rows = 0
         self._gap_s: float | None = None  # mean time between arrivals, while requests keep coming
         self.last_submit = time.monotonic()  # when a request last came (residency reads it)
-        self._lag = lag if limits.slo_s is not None else None  # admission counts the loop's lag
-        if self._lag is not None:
-            self._lag.start()
+        self._lag = lag  # how far behind the loop runs: admission and the adaptive fast path read it
 
     @property
     def queue_length(self) -> int:
@@ -130,10 +128,13 @@ class Batcher:
             )
         now = time.monotonic()
         self._arrived(now)
+        lag = self._lag
+        if lag is not None:
+            lag.used(now)
         deadline = _deadline(now, timeout_s, self.limits.queue_timeout_s)
         due = now + self.limits.slo_s if self.limits.slo_s is not None else None
         if (deadline is not None or due is not None) and (
-            self._pending or self._running or (self._lag is not None and self._lag.lag_s)
+            self._pending or self._running or (lag is not None and lag.lag_s)
         ):
             self._admit(work.rows, priority, now, deadline, due)
         future: asyncio.Future[Tensors] = self._loop.create_future()
@@ -227,7 +228,7 @@ class Batcher:
                 f"ahead {backlog_s * 1000:.1f} ms), after its timeout of {(deadline - now) * 1000:.1f} ms; "
                 "it was refused at once and not run"
             )
-        lag_s = self._lag.lag_s if self._lag is not None else 0.0
+        lag_s = self._lag.lag_s if self._lag is not None and self.limits.slo_s is not None else 0.0
         own_s = measured.batch_s(rows)
         queued_behind = bool(self._pending or self._running)
         if due is not None and finish + lag_s > due and (queued_behind or now + own_s <= due):
@@ -259,11 +260,14 @@ class Batcher:
     def _goes_alone(self, item: Pending, now: float) -> bool:
         """Whether a request with nothing else in flight runs at once. An adaptive policy is asked (it
         waits only when another request is due sooner than a batch of one would take); deferring the
-        decision by one loop iteration costs a light-load request tens of microseconds."""
+        decision by one loop iteration costs a light-load request tens of microseconds. While the loop
+        lags, it is deferred: the requests read in the same iteration then form one batch."""
         policy = self.policy
         if policy.max_batch_size <= 1 or item.rows >= policy.max_batch_size:
             return True
         if policy.adaptive:
+            if self._lag is not None and self._lag.lag_s:
+                return False  # the loop is behind: requests it reads in this iteration merge (lag.py)
             return bool(next_batch([item], policy, now, self.measured()).batch)
         return policy.max_queue_delay_s <= 0
 

@@ -6,9 +6,12 @@ until the loop gets to them, where admission control cannot see them. The loop's
 seen from inside: a timer due every ``INTERVAL_S`` measures how late it runs. It rises at once with a
 late tick and falls back gradually, so one quiet tick inside a busy period does not hide it.
 
-Admission (``batcher.py``) counts it as part of a request's wait: a request that arrived ``lag`` ago is
-refused once ``lag`` plus its queue exceeds its SLO, refusing costs less than answering, and the loop
-catches up. Cheap: 200 timer callbacks a second, started only for models with an SLO.
+Two uses (``batcher.py``). Admission counts it as part of a request's wait: a request that arrived
+``lag`` ago is refused once ``lag`` plus its queue exceeds its SLO, refusing costs less than answering,
+and the loop catches up. And adaptive batching stops running a lone request at once while the loop
+lags: a model fast enough to run inline would otherwise answer every request alone, in the order the
+loop reads them, and never merge the ones read in the same iteration. Cheap: 200 timer callbacks a
+second while requests come, none after ``IDLE_S`` without one.
 """
 
 from __future__ import annotations
@@ -19,17 +22,25 @@ import time
 INTERVAL_S = 0.005
 TIMER_SLACK_S = 0.001  # libuv's timers have millisecond resolution: lateness below this is not lag
 FALL = 0.8  # each on-time tick keeps this share of the lag
+IDLE_S = 1.0  # no request for this long: stop ticking (an idle box wakes for nothing)
 
 
 class LoopLag:
     """One per event loop (the registry's); ``lag_s`` is read on the hot path."""
 
-    __slots__ = ("_handle", "_loop", "lag_s")
+    __slots__ = ("_handle", "_last_use", "_loop", "lag_s")
 
     def __init__(self) -> None:
         self.lag_s = 0.0
         self._handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_use = time.monotonic()
+
+    def used(self, now: float) -> None:
+        """A request came (``now``: monotonic): keep measuring, or start again after an idle spell."""
+        self._last_use = now
+        if self._handle is None:
+            self.start()
 
     def start(self) -> None:
         """Start ticking on the running loop (again, if it ran on another loop before)."""
@@ -49,6 +60,10 @@ class LoopLag:
         now = time.monotonic()
         late = max(0.0, now - due - TIMER_SLACK_S)
         self.lag_s = late if late > self.lag_s else self.lag_s * FALL + late * (1 - FALL)
+        if now - self._last_use > IDLE_S:
+            self._handle = None
+            self.lag_s = 0.0
+            return
         self._schedule(now)
 
     def stop(self) -> None:
