@@ -42,10 +42,11 @@ models:
     backend_config: {intra_op_num_threads: 1}
     max_batch_size: 8
     max_queue_size: 4
-  slow_shared:
+  slow_shared:  # fixed batching: queued requests merge (adaptive would run this per-row model one by one)
     model_path: slow.onnx
     backend_config: {intra_op_num_threads: 1}
     max_batch_size: 8
+    batch_timeout_millis: 0
   slow_unbatched:
     model_path: slow.onnx
     backend_config: {intra_op_num_threads: 1}
