@@ -274,7 +274,12 @@ class InferenceService:
             entries = [self.registry.get(name, version)]
         return {
             "model_stats": [
-                {"name": entry.name, "version": entry.version, **entry.recorder.stats.as_dict()}
+                {
+                    "name": entry.name,
+                    "version": entry.version,
+                    **entry.recorder.stats.as_dict(),
+                    **_batch_cost(entry),
+                }
                 for entry in entries
             ]
         }
@@ -487,6 +492,21 @@ class InferenceCall:
             self.outcome.request_id = new_request_id()
         self.outcome.error = error
         self._service.record(self.outcome)
+
+
+def _batch_cost(entry: ModelVersion) -> dict[str, Any]:
+    """The learned batch time ``per_batch + per_row x rows`` (adaptive batching decides on it), beside
+    Triton's statistics: clients that read only Triton's fields ignore it."""
+    if entry.serving is None:
+        return {}
+    cost = entry.serving.runner.cost
+    return {
+        "batch_cost": {
+            "per_batch_ns": int(cost.per_batch_s * 1e9),
+            "per_row_ns": int(cost.per_row_s * 1e9),
+            "batches_observed": cost.observed,
+        }
+    }
 
 
 def _earliest(*timeouts_s: float | None) -> float | None:

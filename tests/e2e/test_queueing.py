@@ -47,6 +47,15 @@ def test_concurrent_requests_with_different_rows_get_their_own_rows(special_serv
     assert max(entry["batch_size"] for entry in after["batch_stats"]) <= 16
 
 
+def test_statistics_carry_the_learned_batch_cost(special_server):
+    """Beside Triton's fields, the batch time the server learned (what adaptive batching decides on)."""
+    reply = request(special_server.port, "POST", "/v2/models/slow/infer", slow_body(2))
+    assert reply.status == 200
+    cost = stats(special_server, "slow")["batch_cost"]
+    assert cost["batches_observed"] >= 1
+    assert cost["per_row_ns"] + cost["per_batch_ns"] > 0
+
+
 def test_a_full_queue_gets_429_at_once_with_retry_after(special_server):
     """slow: max_queue_size 4. One batch running, four queued: the next requests are refused before the
     running one finishes, i.e. without waiting."""

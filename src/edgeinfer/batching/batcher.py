@@ -80,6 +80,9 @@ class Batcher:
         self.recorder = recorder
         self._loop = asyncio.get_running_loop()
         self._pending: list[Pending] = []
+        # per priority level: queued requests and rows, kept as they come and go, so that admission
+        # costs the same with 1 or 1,000 queued (it runs on every request)
+        self._queued: dict[int, list[int]] = {}
         self._running = 0
         self._sequence = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
@@ -161,6 +164,7 @@ class Batcher:
             self._update_idle()
             return future
         self._pending.append(item)
+        self._count_queued(item, 1)
         if not self._flush_soon:
             # Under load, decide after this loop iteration: requests that arrived on other connections
             # in the same iteration are parsed by then and can join the batch (the hop costs < 1 us).
@@ -212,10 +216,13 @@ class Batcher:
         measured = self.measured()
         if measured is None:
             return
-        ahead = [item.rows for item in self._pending if item.priority <= priority]
-        rows_ahead = sum(ahead)
+        requests_ahead = rows_ahead = 0
+        for level, (count, rows_queued) in self._queued.items():
+            if level <= priority:
+                requests_ahead += count
+                rows_ahead += rows_queued
         most = self.policy.max_batch_size
-        batches = -(-rows_ahead // most) if most > 1 else len(ahead)
+        batches = -(-rows_ahead // most) if most > 1 else requests_ahead
         backlog_s = measured.per_row_s * (rows_ahead + self._running_rows) + measured.per_batch_s * (
             batches + self._running
         )
@@ -288,7 +295,7 @@ class Batcher:
             not cancelled and future.exception() is None, time.monotonic() - item.enqueued_at
         )
         if cancelled and item in self._pending:
-            self._pending.remove(item)
+            self._remove([item])
             self._schedule(None)
 
     def _on_timer(self, when: float) -> None:
@@ -306,7 +313,8 @@ class Batcher:
         wake_at: float | None = None
         while self._pending:
             if self._running >= self.runner.capacity:
-                self._pending, expired = split_expired(self._pending, now)
+                expired = split_expired(self._pending, now)[1]
+                self._remove(expired)
                 self._expire(expired, now)
                 wake_at = next_deadline(self._pending)
                 break
@@ -325,6 +333,17 @@ class Batcher:
         if items:
             gone = {id(item) for item in items}
             self._pending = [item for item in self._pending if id(item) not in gone]
+            for item in items:
+                self._count_queued(item, -1)
+
+    def _count_queued(self, item: Pending, sign: int) -> None:
+        counts = self._queued.get(item.priority)
+        if counts is None:
+            counts = self._queued[item.priority] = [0, 0]
+        counts[0] += sign
+        counts[1] += sign * item.rows
+        if not counts[0]:
+            del self._queued[item.priority]
 
     def _expire(self, expired: list[Pending], now: float) -> None:
         for item in expired:

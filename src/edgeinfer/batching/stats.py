@@ -81,7 +81,7 @@ class ModelStatistics:
 
 def merge_statistics(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """One version's statistics from several workers' (``as_dict`` layouts): counts and times summed,
-    ``last_inference`` the latest, batch sizes merged."""
+    ``last_inference`` the latest, batch sizes merged, the learned batch cost the largest."""
     merged = ModelStatistics()
     for entry in entries:
         merged.inference_count += entry["inference_count"]
@@ -98,4 +98,12 @@ def merge_statistics(entries: list[dict[str, Any]]) -> dict[str, Any]:
             times.output_ns += int(batch["compute_output"]["ns"])
             count = int(batch["compute_infer"]["count"])
             merged.count_by_batch_size[rows] = merged.count_by_batch_size.get(rows, 0) + count
-    return merged.as_dict()
+    result = merged.as_dict()
+    costs = [entry["batch_cost"] for entry in entries if "batch_cost" in entry]
+    if costs:  # each worker learns its own: the most expensive, and every batch seen
+        result["batch_cost"] = {
+            "per_batch_ns": max(cost["per_batch_ns"] for cost in costs),
+            "per_row_ns": max(cost["per_row_ns"] for cost in costs),
+            "batches_observed": sum(cost["batches_observed"] for cost in costs),
+        }
+    return result
