@@ -672,6 +672,7 @@ def main() -> None:
         write_reference(markdown)
         print(f"wrote {RESULTS / 'reference.md'} and the README table")
         if plot.exists():
+            DOCS_PLOT.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(plot, DOCS_PLOT)
             print(f"wrote {DOCS_PLOT}")
 

@@ -351,7 +351,7 @@ def plot(points: list[RampPoint], found: dict, path: Path) -> None:
         latency.set_title(f"{model}: p99 of answered requests")
         latency.set_xlabel("offered load (requests/s, Poisson)")
         latency.set_ylabel("ms")
-        throughput.set_title(f"{model}: answered within any time")
+        throughput.set_title(f"{model}: answered per second (within each step)")
         throughput.set_xlabel("offered load (requests/s, Poisson)")
         throughput.set_ylabel("requests/s")
         latency.legend(fontsize=7)
@@ -380,7 +380,8 @@ def measure_all(step_seconds: float, plot_path: Path, inprocess_cnn: float | Non
         + ", ".join(f"{model} p99 {found[model]['slo_ms']:g} ms" for model in MODELS)
         + "). Plain config: `max_batch_size: 32, batch_timeout_millis: 2` plus the SLO; fixed sweep: "
         + ", ".join(f"b{b}/w{w:g}" for b, w in FIXED)
-        + f" (max batch / max wait ms). Plot: `{plot_path.name}`.\n\n"
+        + f" (max batch / max wait ms). Plot: bench/results/{plot_path.name} (the reference run's is "
+        "docs/img/slo-ramp.png).\n\n"
         + targets_table(summary)
         + "\n\nRamp (open-loop Poisson):\n\n"
         + points_table(points)
