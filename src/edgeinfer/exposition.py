@@ -126,8 +126,8 @@ class _SnapshotCollector(Collector):
         yield from _ladder_families(self._ladders)
         yield GaugeMetricFamily(
             PREFIX + "event_loop_lag_seconds",
-            "How late the event loop runs a timer: the wait of a request not yet read (measured while a "
-            "model with an SLO is loaded; with workers, the largest)",
+            "How late the event loop runs a timer: the wait of a request not yet read (measured while "
+            "requests come; with workers, the largest)",
             value=self._loop_lag_s,
         )
         yield from _process_families(self._process)

@@ -27,7 +27,7 @@ Exported, all prefixed ``edgeinfer_`` with units in the names:
     model_degraded{model,fallback}                               workers routing to the fallback
     fallback_switches_total{model,fallback,direction}            direction: enter, exit
     fallback_window_p95_seconds{model}                           the p95 the ladder decides on
-    event_loop_lag_seconds                                       how late the loop runs (with an SLO)
+    event_loop_lag_seconds                                       how late the loop runs (0 when idle)
     workers, worker_ready{worker}, worker_restarts_total{worker},        with workers: N only
     worker_resident_memory_bytes{worker}, worker_cpu_seconds_total{worker}
 

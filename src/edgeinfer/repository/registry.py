@@ -106,11 +106,11 @@ class Registry:
         self._context = context or LoadContext()
         self._models: dict[str, dict[str, ModelVersion]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._lag = LoopLag()  # one per event loop: the batchers of models with an SLO share it
+        self._lag = LoopLag()  # one per event loop, shared by every batcher
 
     @property
     def loop_lag_s(self) -> float:
-        """How far behind the event loop runs (measured while a model with an SLO is loaded)."""
+        """How far behind the event loop runs (measured while requests come; 0 when idle)."""
         return self._lag.lag_s
 
     # ---- changing state ----

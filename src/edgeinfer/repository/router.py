@@ -36,6 +36,8 @@ class Router:
             return best
         fallback = best.config.fallback
         if fallback is None:
+            if self._ladders:  # a reload may have removed the fallback: its ladder goes too
+                self._ladders.pop(name, None)
             return best
         ladder = self._ladders.get(name)
         if ladder is None or ladder.config is not fallback:  # first request, or the model was reloaded
@@ -55,6 +57,7 @@ class Router:
             ladder.observe(time.monotonic(), seconds)
 
     def ladder_gauges(self) -> list[LadderGauges]:
+        """Each ladder's state at scrape time (asking brings a ladder up to date without traffic)."""
         now = time.monotonic()
         gauges = []
         for name, ladder in self._ladders.items():
