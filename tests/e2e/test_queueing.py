@@ -203,7 +203,8 @@ def test_drop_stale_answers_the_superseded_frame_409_and_runs_the_newest(special
     frame = {"stream_id": "cam-7", "drop_stale": True}
     path = "/v2/models/slow_unbatched/infer"
     with ThreadPoolExecutor(max_workers=3) as pool:
-        running = pool.submit(request, port, "POST", path, slow_body(4))
+        # 8 rows (0.8 s here; the body limit allows no more): the scrapes below fit in while it runs
+        running = pool.submit(request, port, "POST", path, slow_body(8))
         wait_queue(port, "slow_unbatched", 0, 1)
         stale = pool.submit(request, port, "POST", path, slow_body(1, parameters=frame))
         wait_queue(port, "slow_unbatched", 1, 2)
@@ -235,7 +236,7 @@ def test_a_grpc_stream_is_its_own_stream_for_drop_stale(special_server):
 
     port = special_server.port
     try:
-        frame(4, "running")
+        frame(8, "running")  # 0.8 s here: the scrapes below fit in while it runs
         wait_queue(port, "slow_unbatched", 0, 1)
         frame(1, "stale", drop_stale=True)
         wait_queue(port, "slow_unbatched", 1, 2)

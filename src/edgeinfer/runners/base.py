@@ -35,6 +35,7 @@ class BatchTimes:
     input_ns: int = 0
     infer_ns: int = 0
     output_ns: int = 0
+    handover_ns: int = 0  # from hand-over to a worker thread until the thread started it (not compute)
 
     @property
     def total_s(self) -> float:

@@ -5,10 +5,12 @@ result's trip back to the loop) costs tens of microseconds of latency and loop t
 machine. A batch that computes in less than the hop costs is better run on the event loop: it blocks
 the loop for less time than the hop would take. Both sides are measured, not configured:
 
-* the hop: each batch that went to a thread alone (no other batch queued in the runner), its time from
-  hand-over to answer on the loop minus its compute time; the least of the last ``HOP_SAMPLES``. The
-  hop's own cost is its lower envelope: a sample above it waited for the CPU (a busy machine, a thread
-  being started), and a limit raised by such samples would let slow batches block the loop;
+* the hop: each batch that went to a thread alone (no other batch queued in the runner), twice the
+  time from hand-over until the thread started it (the way back, a wake-up of the loop, mirrors the way
+  out); the least of the last ``HOP_SAMPLES``. It is measured on the way out only: the way back also
+  waits for whatever the loop is busy with, and a limit raised by a busy loop let slow batches run on
+  the loop, which made it busier (a 1.6 s batch of the tests' slow model ran inline). The least
+  sample, because one above it waited for the CPU (a busy machine, a thread being started);
 * a batch's inline compute time: a moving average per batch size, from the batches run inline.
 
 The rule compares the two: inline when the inline time of this size is at most the hop. Before a size
@@ -80,7 +82,7 @@ class InlineChoice:
             self._inline_s[rows] = previous * MEMORY + seconds * (1 - MEMORY)
 
     def hopped(self, seconds: float) -> None:
-        """A batch that went to a thread alone spent ``seconds`` more than its compute."""
+        """A batch that went to a thread alone took ``seconds`` to get there and back (estimated)."""
         self._hops.append(max(0.0, seconds))
         if len(self._hops) >= HOP_NEEDED:
             self._hop_s = min(self._hops)

@@ -49,10 +49,9 @@ class ThreadRunner:
             if self.inline.goes_inline(rows, estimate):
                 return self._run_inline(loop, batch, rows)
         self._in_threads += 1
-        # the hop is measured on batches that wait for nothing else of this runner
-        handed_at = time.perf_counter() if self._in_threads == 1 else None
-        done = loop.run_in_executor(self._executor, self._in_thread, batch)
-        done.add_done_callback(partial(self._finished, rows, handed_at))
+        alone = self._in_threads == 1  # the hop is measured on batches that wait for nothing else here
+        done = loop.run_in_executor(self._executor, self._in_thread, batch, time.perf_counter_ns())
+        done.add_done_callback(partial(self._finished, rows, alone))
         return done
 
     def _run_inline(
@@ -71,21 +70,21 @@ class ThreadRunner:
         done.set_result(BatchResult(results, times))
         return done
 
-    def _in_thread(self, batch: list[Work]) -> BatchResult:
-        times = BatchTimes()
+    def _in_thread(self, batch: list[Work], handed_ns: int) -> BatchResult:
         started = time.perf_counter_ns()
+        times = BatchTimes(handover_ns=started - handed_ns)
         results = self._execute(batch, times, self._slots)
         if not (times.input_ns or times.infer_ns or times.output_ns):
             times.infer_ns = max(1, time.perf_counter_ns() - started)
         return BatchResult(results, times)
 
-    def _finished(self, rows: int, handed_at: float | None, done: asyncio.Future[BatchResult]) -> None:
+    def _finished(self, rows: int, alone: bool, done: asyncio.Future[BatchResult]) -> None:
         self._in_threads -= 1
         if not done.cancelled() and done.exception() is None:
-            seconds = done.result().times.total_s
-            self.cost.observe(rows, seconds)
-            if handed_at is not None:
-                self.inline.hopped(time.perf_counter() - handed_at - seconds)
+            times = done.result().times
+            self.cost.observe(rows, times.total_s)
+            if alone:
+                self.inline.hopped(2 * times.handover_ns / 1e9)
 
     async def close(self) -> None:
         self._executor.shutdown(wait=False)
