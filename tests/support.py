@@ -6,6 +6,7 @@ import contextlib
 import http.client
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -67,10 +68,16 @@ def request(
     body: bytes | dict | None = None,
     headers: dict[str, str] | None = None,
     timeout: float = 30,
+    tls: ssl.SSLContext | None = None,
 ) -> Reply:
+    """One request on a new connection (over TLS with ``tls``, a client context)."""
     if isinstance(body, dict):
         body = orjson.dumps(body)
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    connection = (
+        http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout, context=tls)
+        if tls is not None
+        else http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    )
     try:
         connection.request(method, path, body=body, headers=headers or {})
         response = connection.getresponse()
@@ -155,14 +162,19 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def wait_ready(port: int, timeout: float, process: subprocess.Popen[bytes] | None = None) -> bool:
+def wait_ready(
+    port: int,
+    timeout: float,
+    process: subprocess.Popen[bytes] | None = None,
+    tls: ssl.SSLContext | None = None,
+) -> bool:
     """Poll /v2/health/ready until it answers 200 (True), the process exits or time runs out (False)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
             return False
         try:
-            if request(port, "GET", "/v2/health/ready", timeout=1).status == 200:
+            if request(port, "GET", "/v2/health/ready", timeout=1, tls=tls).status == 200:
                 return True
         except OSError:
             pass
@@ -173,7 +185,14 @@ def wait_ready(port: int, timeout: float, process: subprocess.Popen[bytes] | Non
 class ServerProcess:
     """``edgeinfer serve`` in a subprocess on a free port; ready means /v2/health/ready answered 200."""
 
-    def __init__(self, args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        cwd: Path = ROOT,
+        env: dict[str, str] | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self.tls = tls  # the client context that readiness is polled with, for a server serving TLS
         self.port = free_port()
         self.grpc_port = free_port()
         self.metrics_port = free_port()
@@ -200,7 +219,7 @@ class ServerProcess:
                 self.process = subprocess.Popen(
                     command, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT
                 )
-            if wait_ready(self.port, timeout, self.process):
+            if wait_ready(self.port, timeout, self.process, self.tls):
                 return self
             if self.process.poll() is None:
                 self.stop()

@@ -48,16 +48,34 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
         help="default INFO",
     )
+    commands.add_parser(
+        "api-key",
+        help="make a new API key and the line for a key file",
+        description="Print a new random API key (give it to the client) and the key-file entry with its "
+        "SHA-256 digest (keep that on the server: the key itself is not stored). See docs/security.md.",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "api-key":
+        return api_key()
     if args.command != "serve":
         parser.print_help()
         return EXIT_CONFIG
     return serve(args)
+
+
+def api_key() -> int:
+    from edgeinfer.server.auth import new_key
+
+    key, hex_digest = new_key()
+    print(f"key (give it to the client, it is shown once): {key}")
+    print("key file entry (set name and roles: infer, admin, metrics):")
+    print(f"  - {{name: CHANGE-ME, sha256: {hex_digest}, roles: [infer]}}")
+    return 0
 
 
 def _workers(value: str | None) -> int | str | None:

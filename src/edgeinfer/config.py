@@ -236,6 +236,59 @@ class ModelConfig(_Frozen):
         return version
 
 
+class TlsConfig(_Frozen):
+    """TLS on the HTTP, gRPC and metrics ports (the same ports: with ``tls`` set they speak TLS only)."""
+
+    cert_file: str = Field(description="PEM certificate chain, the server's certificate first")
+    key_file: str = Field(description="PEM private key of the certificate")
+    ca_file: str | None = Field(None, description="PEM CA bundle that client certificates must chain to")
+    client_auth: Literal["none", "optional", "require"] = "none"
+    reload_interval_s: float = Field(
+        10.0, ge=0, description="how often the files are checked for change (0: on SIGHUP only)"
+    )
+
+    @model_validator(mode="after")
+    def _ca_for_client_auth(self) -> TlsConfig:
+        if self.client_auth != "none" and self.ca_file is None:
+            raise ValueError(
+                f"client_auth: {self.client_auth} needs ca_file (the CA client certificates chain to)"
+            )
+        return self
+
+
+class AuthConfig(_Frozen):
+    """API keys with roles. Auth is on when any key is configured (in ``keys_file`` or ``keys_env``)."""
+
+    keys_file: str | None = Field(None, description="YAML file of keys: name, key or sha256, roles")
+    keys_env: str = Field("EDGEINFER_API_KEYS", description="environment variable holding the same YAML")
+    open_paths: tuple[str, ...] = Field(
+        ("/v2/health/live", "/v2/health/ready"), description="routes that need no key (probes)"
+    )
+    allow_code_overrides: bool = Field(
+        False, description="let admin load requests override model_class, python_path, model_path"
+    )
+
+
+class LimitsConfig(_Frozen):
+    """Hard limits on what one client may send or hold; each refusal is counted by name."""
+
+    max_connections: int = Field(1024, ge=1, description="open HTTP connections per process")
+    max_header_bytes: int = Field(64 * 1024, ge=1024, description="request line and headers")
+    max_headers: int = Field(100, ge=1, description="header fields per request")
+    header_timeout_s: float = Field(10.0, gt=0, description="from a request's first byte to its last header")
+    body_timeout_s: float = Field(60.0, gt=0, description="from the last header to the body's last byte")
+    keepalive_timeout_s: float = Field(60.0, gt=0, description="an idle connection is closed after this")
+    max_tensor_elements: int = Field(64 * 1024 * 1024, ge=1, description="elements of all inputs together")
+    max_rows: int = Field(4096, ge=1, description="rows (first dimension) of one request")
+    max_json_depth: int = Field(
+        32, ge=4, description="nesting of JSON objects and arrays outside tensor data"
+    )
+    max_bytes_element: int = Field(16 * 1024 * 1024, ge=1, description="bytes of one BYTES (string) element")
+    max_grpc_streams: int = Field(
+        1024, ge=1, description="concurrent gRPC calls (HTTP/2 streams) per process"
+    )
+
+
 class ServerConfig(_Frozen):
     host: str = "0.0.0.0"
     http_port: int = Field(8080, ge=0, le=65535)
@@ -251,6 +304,9 @@ class ServerConfig(_Frozen):
         ge=0,
         description="after SIGTERM, answer readiness 503 but keep serving this long before draining",
     )
+    tls: TlsConfig | None = Field(None, description="serve TLS (and check client certificates)")
+    auth: AuthConfig = AuthConfig()
+    limits: LimitsConfig = LimitsConfig()
 
     @field_validator("workers")
     @classmethod
@@ -464,4 +520,23 @@ def _resolve_paths(config: Config, base_dir: Path, source: str) -> Config:
             raise ConfigError(f"{source}: model_store_path: directory {resolved} does not exist")
         store = str(resolved)
     python_path = tuple(str((base_dir / folder).resolve()) for folder in config.python_path)
-    return config.model_copy(update={"models": models, "model_store_path": store, "python_path": python_path})
+    server = _resolve_server_paths(config.server, base_dir)
+    return config.model_copy(
+        update={"models": models, "model_store_path": store, "python_path": python_path, "server": server}
+    )
+
+
+def _resolve_server_paths(server: ServerConfig, base_dir: Path) -> ServerConfig:
+    """Certificate, key, CA and API key files relative to the config file, as model paths are."""
+    update: dict[str, Any] = {}
+    if server.tls is not None:
+        files = {
+            key: str((base_dir / value).resolve())
+            for key in ("cert_file", "key_file", "ca_file")
+            if (value := getattr(server.tls, key)) is not None
+        }
+        update["tls"] = server.tls.model_copy(update=files)
+    if server.auth.keys_file is not None:
+        keys_file = str((base_dir / server.auth.keys_file).resolve())
+        update["auth"] = server.auth.model_copy(update={"keys_file": keys_file})
+    return server.model_copy(update=update) if update else server

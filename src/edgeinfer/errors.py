@@ -4,7 +4,11 @@
     ├── ConfigError                      bad configuration (startup only)
     ├── ModelLoadError                   a model file cannot be loaded or warmed up
     ├── InvalidInput (ValueError)        the request is wrong: shape, dtype, name, JSON, size
-    │   └── PayloadTooLarge              the body is over the configured limit
+    │   ├── PayloadTooLarge              the body is over the configured limit
+    │   └── LimitExceeded                over one of ``server.limits`` (``limit`` names it)
+    │       └── TooLarge                 ... a limit on size: elements, rows, a BYTES element
+    ├── Unauthenticated                  no API key, or one the server does not know
+    ├── PermissionDenied                 a known key without the role the route needs
     ├── ModelNotFound (LookupError)      no such model or version
     ├── ModelNotReady                    known, but not servable right now
     │   └── ModelEvicted                 unloaded to save memory; a request loads it again
@@ -42,6 +46,27 @@ class InvalidInput(EdgeInferError, ValueError):
 
 class PayloadTooLarge(InvalidInput):
     """The request body is larger than ``server.max_request_size_mb``."""
+
+
+class LimitExceeded(InvalidInput):
+    """The request is over one of the hard limits (``server.limits``); ``limit`` is its name in the
+    ``edgeinfer_limit_refusals_total{limit}`` counter."""
+
+    def __init__(self, message: str, limit: str = "") -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class TooLarge(LimitExceeded):
+    """Over a size limit (tensor elements, rows, a BYTES element): 413 like an oversized body."""
+
+
+class Unauthenticated(EdgeInferError):
+    """The request carries no API key, or one that matches no configured key (HTTP 401)."""
+
+
+class PermissionDenied(EdgeInferError):
+    """The API key is valid but lacks the role the route needs (HTTP 403)."""
 
 
 class ModelNotFound(EdgeInferError, LookupError):
@@ -112,6 +137,10 @@ BY_NAME: dict[str, type[EdgeInferError]] = {
         ModelLoadError,
         InvalidInput,
         PayloadTooLarge,
+        LimitExceeded,
+        TooLarge,
+        Unauthenticated,
+        PermissionDenied,
         ModelNotFound,
         ModelNotReady,
         ModelEvicted,

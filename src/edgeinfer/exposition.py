@@ -41,6 +41,8 @@ class _SnapshotCollector(Collector):
         )
         self._ladders = sorted(snapshot.get("ladders", {}).items())
         self._loop_lag_s = snapshot.get("loop_lag_s", 0.0)
+        self._limits = sorted(snapshot.get("limits", {}).items())
+        self._auth = sorted(snapshot.get("auth", {}).items())
         self._process = process
         self._workers = workers
 
@@ -130,6 +132,21 @@ class _SnapshotCollector(Collector):
             "requests come; with workers, the largest)",
             value=self._loop_lag_s,
         )
+        limits = CounterMetricFamily(
+            PREFIX + "limit_refusals",
+            "Requests and connections refused for a hard limit (server.limits, body and decompressed size)",
+            labels=["limit"],
+        )
+        for limit, count in self._limits:
+            limits.add_metric([limit], count)
+        auth = CounterMetricFamily(
+            PREFIX + "auth_refusals",
+            "Requests refused by API key auth: unauthenticated (401: no or unknown key), forbidden (403)",
+            labels=["protocol", "reason"],
+        )
+        for key, count in self._auth:
+            auth.add_metric(key.split(" ", 1), count)
+        yield from (limits, auth)
         yield from _process_families(self._process)
         if self._workers is not None:
             yield from _worker_families(self._workers)

@@ -28,6 +28,8 @@ Exported, all prefixed ``edgeinfer_`` with units in the names:
     fallback_switches_total{model,fallback,direction}            direction: enter, exit
     fallback_window_p95_seconds{model}                           the p95 the ladder decides on
     event_loop_lag_seconds                                       how late the loop runs (0 when idle)
+    limit_refusals_total{limit}                                  requests over a server.limits limit
+    auth_refusals_total{protocol,reason}                         reason: unauthenticated, forbidden
     workers, worker_ready{worker}, worker_restarts_total{worker},        with workers: N only
     worker_resident_memory_bytes{worker}, worker_cpu_seconds_total{worker}
 
@@ -189,6 +191,15 @@ class Metrics:
 
     def __init__(self) -> None:
         self.models: dict[tuple[str, str], ModelMetrics] = {}
+        self.limits: dict[str, int] = {}  # refusals by limit: body_size, rows, header_timeout, ...
+        self.auth: dict[str, int] = {}  # refusals by "protocol reason"
+
+    def limit_refused(self, limit: str) -> None:
+        self.limits[limit] = self.limits.get(limit, 0) + 1
+
+    def auth_refused(self, protocol: str, reason: str) -> None:
+        key = f"{protocol} {reason}"
+        self.auth[key] = self.auth.get(key, 0) + 1
 
     def model(self, name: str, version: str) -> ModelMetrics:
         metrics = self.models.get((name, version))
@@ -224,6 +235,8 @@ class Metrics:
         return {
             "models": models,
             "loop_lag_s": loop_lag_s,
+            "limits": dict(self.limits),
+            "auth": dict(self.auth),
             "ladders": {
                 ladder.name: {
                     "fallback": ladder.fallback,
@@ -291,7 +304,16 @@ def merge(snapshots: list[Snapshot]) -> Snapshot:
             known = [p95 for p95 in (mine["p95_s"], ladder["p95_s"]) if p95 is not None]
             mine["p95_s"] = max(known) if known else None
     lag = max((snapshot.get("loop_lag_s", 0.0) for snapshot in snapshots), default=0.0)
-    return {"models": models, "ladders": ladders, "loop_lag_s": lag}
+    counts = {key: _sum_counts(snapshot.get(key, {}) for snapshot in snapshots) for key in ("limits", "auth")}
+    return {"models": models, "ladders": ladders, "loop_lag_s": lag, **counts}
+
+
+def _sum_counts(tables: Iterable[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for table in tables:
+        for key, count in table.items():
+            total[key] = total.get(key, 0) + count
+    return total
 
 
 def _copy_histogram(histogram: dict[str, Any]) -> dict[str, Any]:

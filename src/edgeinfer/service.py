@@ -28,6 +28,7 @@ from edgeinfer.errors import (
     ConfigError,
     EdgeInferError,
     InvalidInput,
+    LimitExceeded,
     ModelEvicted,
     ModelNotFound,
     ModelNotReady,
@@ -42,7 +43,15 @@ from edgeinfer.repository.residency import Residency
 from edgeinfer.repository.router import Router
 from edgeinfer.repository.sources import ModelSource
 from edgeinfer.runners import Tensors, Work
-from edgeinfer.validation import check_request, parse_priority, parse_stream, parse_timeout_s
+from edgeinfer.validation import (
+    RequestLimits,
+    check_request,
+    check_rows,
+    check_sizes,
+    parse_priority,
+    parse_stream,
+    parse_timeout_s,
+)
 
 SERVER_NAME = "edgeinfer"
 EXTENSIONS: tuple[str, ...] = ("binary_tensor_data", "statistics", "model_configuration", "model_repository")
@@ -100,8 +109,10 @@ class InferenceService:
         access_log: AccessLog,
         discover: Callable[[str, dict[str, Any] | None], list[ModelSource]],
         cluster: Cluster | None = None,
+        limits: RequestLimits | None = None,
     ) -> None:
         self.registry = registry
+        self.limits = limits or RequestLimits()
         self.router = router
         self.residency = residency
         self.metrics = metrics
@@ -348,6 +359,8 @@ class InferenceService:
                 version = version or ""
             metrics = self.metrics.model(name, version)
         metrics.request_done(outcome.protocol, status, total_s, outcome.decode_s, outcome.encode_s)
+        if isinstance(outcome.error, LimitExceeded) and outcome.error.limit:
+            self.metrics.limit_refused(outcome.error.limit)
         if status == "success":
             self.router.observe(outcome.model, total_s)
         elif status in ("rejected", "timeout"):  # for load: as if it never finished
@@ -396,6 +409,7 @@ class InferenceCall:
         try:
             self._service.shed_unread(outcome.model, outcome.version)
             request = decoder(data)
+            check_sizes(request, self._service.limits)
         except BaseException:
             outcome.request_id = outcome.request_id or new_request_id()
             raise
@@ -431,6 +445,7 @@ class InferenceCall:
             entry.name, backend.inputs, backend.outputs, serving.policy.max_batch_size > 0, request
         )
         outcome.rows, outcome.metrics = checked.rows, entry.recorder.metrics
+        check_rows(checked.rows, service.limits)
         self._model, self._version = entry.name, entry.version  # a fallback's when the ladder is down
         self._output_parameters = serving.output_parameters
         work = Work(

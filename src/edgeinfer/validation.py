@@ -10,7 +10,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from edgeinfer.errors import InvalidInput
+from edgeinfer.errors import InvalidInput, TooLarge
 from edgeinfer.protocol.datatypes import v2_datatype
 from edgeinfer.protocol.types import InferRequest, TensorSpec
 
@@ -22,6 +22,45 @@ class Checked:
     rows: int
     group: Hashable
     output_names: frozenset[str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """The size limits of ``server.limits`` that concern a decoded request (whatever its transport)."""
+
+    max_tensor_elements: int = 64 * 1024 * 1024
+    max_rows: int = 4096
+    max_bytes_element: int = 16 * 1024 * 1024
+
+
+def check_sizes(request: InferRequest, limits: RequestLimits) -> None:
+    """Elements of all inputs together, and the longest BYTES element, against ``limits``."""
+    elements = 0
+    for name, array in request.inputs.items():
+        elements += array.size
+        if array.dtype.kind == "O" and array.size:
+            longest = max(map(len, array.ravel()))  # BYTES: bytes objects, measured at C speed
+            if longest > limits.max_bytes_element:
+                raise TooLarge(
+                    f"input {name!r} has a BYTES element of {longest} bytes; the limit is "
+                    f"{limits.max_bytes_element} (server.limits.max_bytes_element)",
+                    "bytes_element",
+                )
+    if elements > limits.max_tensor_elements:
+        raise TooLarge(
+            f"the request's inputs have {elements} elements in all; the limit is "
+            f"{limits.max_tensor_elements} (server.limits.max_tensor_elements)",
+            "tensor_elements",
+        )
+
+
+def check_rows(rows: int, limits: RequestLimits) -> None:
+    if rows > limits.max_rows:
+        raise TooLarge(
+            f"the request has {rows} rows (first dimension); the limit is {limits.max_rows} "
+            "(server.limits.max_rows)",
+            "rows",
+        )
 
 
 def check_request(

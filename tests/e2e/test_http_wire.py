@@ -81,7 +81,9 @@ def test_headers_over_the_limit_get_431(example_server: ServerProcess):
         [(status, headers, body)] = read_responses(sock, 1)
     assert status == 431
     assert headers["connection"] == "close"
-    assert orjson.loads(body)["error"] == "request line and headers exceed 65536 bytes"
+    assert orjson.loads(body)["error"] == (
+        "request line and headers exceed 65536 bytes (server.limits.max_header_bytes)"
+    )
     still_serving(example_server)
 
 

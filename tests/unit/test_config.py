@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeinfer.config import ModelConfig, load_config
+from edgeinfer.config import Config, ModelConfig, load_config, parse
 from edgeinfer.errors import ConfigError
 from tests.support import matmul_model
 
@@ -191,3 +191,20 @@ def test_warmup_and_polling_keys(tmp_path, model_file):
     config = load_config(path)
     assert config.repository.poll_interval_s == 5
     assert config.models["m"].warmup.shapes == {"X": (16,)}
+
+
+def test_tls_client_auth_needs_a_ca():
+    with pytest.raises(ConfigError, match="client_auth: require needs ca_file"):
+        parse(Config, {"server": {"tls": {"cert_file": "c", "key_file": "k", "client_auth": "require"}}}, "x")
+
+
+def test_tls_and_key_files_are_relative_to_the_config_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    config_file = tmp_path / "sub" / "config.yaml"
+    config_file.write_text(
+        "server: {tls: {cert_file: c.pem, key_file: k.pem}, auth: {keys_file: keys.yaml}}\n"
+    )
+    server = load_config(config_file).server
+    assert server.tls is not None
+    assert server.tls.cert_file == str(tmp_path / "sub" / "c.pem")
+    assert server.auth.keys_file == str(tmp_path / "sub" / "keys.yaml")

@@ -5,6 +5,7 @@ import orjson
 import pytest
 
 from edgeinfer.errors import InvalidInput
+from edgeinfer.protocol import json_codec
 from edgeinfer.protocol.json_codec import decode_request, encode_response
 from edgeinfer.protocol.types import InferResponse
 
@@ -105,3 +106,37 @@ def test_fields_the_protocol_does_not_define_are_ignored_and_logged_once(caplog)
     logged = [record.getMessage() for record in caplog.records]
     assert sum("kserve_extra_top" in message for message in logged) == 1
     assert sum("kserve_extra_unit" in message for message in logged) == 1
+
+
+# ---- nesting depth (server.limits.max_json_depth) ----
+
+
+@pytest.mark.parametrize(
+    ("document", "limit", "over"),
+    [
+        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}]}, 4, False),
+        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [[1.0]]}]}, 4, True),
+        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [[1.0]]}]}, 5, False),
+        ({"parameters": {"a": {"b": 1}}}, 3, False),
+        ({"parameters": {"a": {"b": {"c": 1}}}}, 3, True),
+        ({"parameters": {"a": [1, 2, [3]]}}, 3, True),
+        ({"outputs": [{"name": "y", "parameters": {"k": 1}}]}, 4, False),
+        ({"outputs": [{"name": "y", "parameters": {"k": [1]}}]}, 4, True),
+        ({"inputs": [{"name": "x", "parameters": {"p": {"q": 1}}}]}, 5, False),
+        ({"inputs": [{"name": "x", "parameters": {"p": {"q": [1]}}}]}, 5, True),
+        ({"ignored": [[[[1]]]]}, 4, True),
+    ],
+)
+def test_nesting_is_limited_everywhere(document: dict, limit: int, over: bool):
+    from edgeinfer.errors import LimitExceeded
+
+    if over:
+        with pytest.raises(LimitExceeded, match=f"the limit is {limit}"):
+            json_codec.check_depth(document, limit)
+    else:
+        json_codec.check_depth(document, limit)
+
+
+def test_an_empty_outputs_list_asks_for_every_output():
+    body = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}], "outputs": []}'
+    assert json_codec.decode_request(body).outputs is None

@@ -34,7 +34,7 @@ def test_bytes_round_trip():
     [
         ("FP32", (2,), b"\x00" * 7, "7 bytes of raw data, but shape [2] of FP32 needs 8 bytes"),
         ("INT64", (1,), b"", "0 bytes of raw data"),
-        ("BYTES", (2,), b"\x01\x00\x00\x00a", "BYTES data ends after 1 of 2 elements"),
+        ("BYTES", (2,), b"\x04\x00\x00\x00abcd", "BYTES data ends after 1 of 2 elements"),
         ("BYTES", (1,), b"\x09\x00\x00\x00abc", "BYTES element 0 says 9 bytes but only 3 remain"),
         ("BYTES", (1,), b"\x01\x00\x00\x00ab", "1 bytes left over"),
     ],
@@ -44,3 +44,9 @@ def test_sizes_that_do_not_add_up(datatype, shape, data, words):
         raw_to_array("t", datatype, shape, data)
     assert words in str(caught.value)
     assert "input 't'" in str(caught.value)
+
+
+def test_a_huge_bytes_shape_is_refused_before_anything_is_allocated():
+    """Found by the fuzzer: shape [2**40] with 4 bytes of data allocated 2**40 objects first."""
+    with pytest.raises(InvalidInput, match=r"has 1099511627776 BYTES elements but the data has only 4 bytes"):
+        raw_to_array("text", "BYTES", (2**40,), b"\x00\x00\x00\x00")

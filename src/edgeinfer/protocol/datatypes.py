@@ -6,9 +6,14 @@ fixed-size numpy dtype. ONNX Runtime's type strings (``tensor(float)``) map onto
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from edgeinfer.errors import InvalidInput
+
+MAX_DIMS = 32  # numpy 2 takes 64 and numpy 1 took 32; no model has more
+_MAX_ELEMENTS = 2**58  # with 16-byte elements still below numpy's (and any machine's) limit
 
 V2_TO_NUMPY: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
@@ -62,3 +67,17 @@ def v2_datatype(dtype: np.dtype) -> str:
     if dtype.kind in ("U", "S"):
         return "BYTES"
     raise TypeError(f"numpy dtype {dtype} has no Open Inference Protocol datatype")
+
+
+def check_shape(name: str, shape: tuple[int, ...]) -> None:
+    """A shape numpy can hold: at most ``MAX_DIMS`` dimensions, none negative, and (zero dimensions
+    aside) a product it can address. A shape like [0, 2**62] describes no elements, but numpy still
+    refuses it, so it is refused here with the client's error instead."""
+    if len(shape) > MAX_DIMS:
+        raise InvalidInput(
+            f"input {name!r}: shape has {len(shape)} dimensions; at most {MAX_DIMS} are supported"
+        )
+    if any(dim < 0 for dim in shape):
+        raise InvalidInput(f"input {name!r}: shape {list(shape)} has a negative dimension")
+    if math.prod(dim for dim in shape if dim) > _MAX_ELEMENTS:
+        raise InvalidInput(f"input {name!r}: shape {list(shape)} is too large for any tensor")

@@ -14,7 +14,7 @@ import numpy as np
 from google.protobuf import json_format
 
 from edgeinfer.errors import InvalidInput
-from edgeinfer.protocol.datatypes import numpy_dtype, v2_datatype
+from edgeinfer.protocol.datatypes import check_shape, numpy_dtype, v2_datatype
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
 from edgeinfer.protocol.raw import array_to_raw, raw_to_array
 from edgeinfer.protocol.types import InferRequest, InferResponse, Parameters, RequestedOutput
@@ -75,8 +75,7 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
             raise InvalidInput(f"input {name!r} has no datatype")
         numpy_dtype(tensor.datatype)
         shape = tuple(tensor.shape)
-        if any(dim < 0 for dim in shape):
-            raise InvalidInput(f"input {name!r}: shape {list(shape)} has a negative dimension")
+        check_shape(name, shape)
         if raw:
             inputs[name] = raw_to_array(name, tensor.datatype, shape, raw[position])
         else:

@@ -20,9 +20,11 @@ from edgeinfer.protocol.raw import array_to_raw, raw_to_array
 from edgeinfer.protocol.types import InferRequest, InferResponse
 
 
-def decode_request(body: bytes, header_length: int | None) -> InferRequest:
+def decode_request(
+    body: bytes, header_length: int | None, max_depth: int = json_codec.MAX_DEPTH
+) -> InferRequest:
     if header_length is None:
-        return json_codec.decode_request(body)
+        return json_codec.decode_request(body, max_depth)
     if header_length < 0 or header_length > len(body):
         raise InvalidInput(
             f"Inference-Header-Content-Length is {header_length} but the body has only {len(body)} bytes"
@@ -55,7 +57,7 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
             f"the body has {len(binary)} bytes after the JSON header but the inputs' binary_data_size "
             f"add up to {offset}"
         )
-    return json_codec.decode_request_object(document, binary_inputs)
+    return json_codec.decode_request_object(document, binary_inputs, max_depth)
 
 
 def binary_outputs(response: InferResponse, request_parameters: dict[str, Any]) -> set[str]:

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from edgeinfer.errors import InvalidInput
-from edgeinfer.protocol.datatypes import numpy_dtype, v2_datatype
+from edgeinfer.errors import InvalidInput, LimitExceeded
+from edgeinfer.protocol.datatypes import check_shape, numpy_dtype, v2_datatype
 from edgeinfer.protocol.types import InferRequest, InferResponse, Parameters, RequestedOutput
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ _REQUEST_FIELDS = frozenset(("id", "parameters", "inputs", "outputs"))
 _TENSOR_FIELDS = frozenset(("name", "datatype", "shape", "parameters", "data"))
 _IGNORED_SEEN_MAX = 64  # distinct ignored field names remembered (and logged) at most
 _ignored_seen: set[str] = set()
+MAX_DEPTH = 32  # nesting of objects and arrays, tensor data included (server.limits.max_json_depth)
 LARGE_BODY_BYTES = 4096  # from about here on, simdjson's typed arrays beat orjson's Python numbers
 # simdjson's buffer element type (double, int64, uint64) for each numeric datatype
 _BUFFER_KIND = {
@@ -73,15 +74,15 @@ def _simdjson() -> ModuleType | None:
         return None
 
 
-def decode_request(body: bytes | bytearray | memoryview) -> InferRequest:
+def decode_request(body: bytes | bytearray | memoryview, max_depth: int = MAX_DEPTH) -> InferRequest:
     """Decode a V2 inference request whose tensors are all in JSON."""
     if len(body) >= LARGE_BODY_BYTES and _simdjson() is not None:
-        return _decode_large(bytes(body))
+        return _decode_large(bytes(body), max_depth)
     document = loads_object(body)
-    return decode_request_object(document, binary_inputs=None)
+    return decode_request_object(document, binary_inputs=None, max_depth=max_depth)
 
 
-def _decode_large(body: bytes) -> InferRequest:
+def _decode_large(body: bytes, max_depth: int) -> InferRequest:
     """Parse with simdjson: numeric tensors become arrays without Python floats, the rest plain values."""
     simdjson = _simdjson()
     assert simdjson is not None
@@ -99,7 +100,7 @@ def _decode_large(body: bytes) -> InferRequest:
             plain[key] = [_input_without_data(raw, arrays) for raw in value]
         else:
             plain[key] = _plain(value)
-    return decode_request_object(plain, arrays)
+    return decode_request_object(plain, arrays, max_depth)
 
 
 def _plain(value: Any) -> Any:
@@ -156,9 +157,10 @@ def _typed_array(header: dict[str, Any], data: Any) -> np.ndarray | None:
 
 
 def decode_request_object(
-    document: dict[str, Any], binary_inputs: dict[str, np.ndarray] | None
+    document: dict[str, Any], binary_inputs: dict[str, np.ndarray] | None, max_depth: int = MAX_DEPTH
 ) -> InferRequest:
     """Build an InferRequest from a parsed body; ``binary_inputs`` holds tensors already decoded."""
+    check_depth(document, max_depth)
     if not _REQUEST_FIELDS.issuperset(document):
         _ignore_fields(document.keys() - _REQUEST_FIELDS, "inference request")
     request_id = document.get("id")
@@ -189,6 +191,62 @@ def decode_request_object(
     )
 
 
+def check_depth(document: dict[str, Any], limit: int) -> None:
+    """Refuse a document nested deeper than ``limit`` (orjson alone stops at 1024 levels).
+
+    Everything but tensor data is walked (headers and parameters are small). Tensor data is followed
+    down its first elements only: deeper nesting anywhere else in it fails the shape check later.
+    """
+    for key, value in document.items():
+        if key == "inputs" and isinstance(value, list):
+            for tensor in value:
+                if isinstance(tensor, dict):
+                    for field, item in tensor.items():
+                        if field == "data":
+                            if (depth := 3 + _first_depth(item)) > limit:
+                                _too_deep(f"{depth} levels", limit)
+                        elif _depth(item, limit - 3) + 3 > limit:
+                            _too_deep(f"at least {limit + 1} levels", limit)
+                elif _depth(tensor, limit - 2) + 2 > limit:
+                    _too_deep(f"at least {limit + 1} levels", limit)
+        elif _depth(value, limit - 1) + 1 > limit:
+            _too_deep(f"at least {limit + 1} levels", limit)
+
+
+def _depth(value: Any, budget: int) -> int:
+    """Levels of containers in ``value`` (a scalar has 0), stopping once it is over ``budget``."""
+    if isinstance(value, dict):
+        items: Any = value.values()
+    elif isinstance(value, list):
+        items = value
+    else:
+        return 0
+    if budget <= 0:
+        return 1
+    deepest = 0
+    for item in items:
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, _depth(item, budget - 1))
+            if deepest >= budget:
+                break
+    return 1 + deepest
+
+
+def _first_depth(data: Any) -> int:
+    depth = 0
+    while isinstance(data, list):
+        depth += 1
+        data = data[0] if data else None
+    return depth
+
+
+def _too_deep(depth: str, limit: int) -> None:
+    raise LimitExceeded(
+        f"the JSON body is nested {depth} deep; the limit is {limit} (server.limits.max_json_depth)",
+        "json_depth",
+    )
+
+
 def decode_tensor_header(raw: Any, where: str) -> tuple[str, str, tuple[int, ...], Parameters]:
     """Check a tensor's name, datatype, shape and parameters (shared by JSON and binary inputs)."""
     if not isinstance(raw, dict):
@@ -205,6 +263,7 @@ def decode_tensor_header(raw: Any, where: str) -> tuple[str, str, tuple[int, ...
         isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 for dim in shape
     ):
         raise InvalidInput(f"input {name!r}: 'shape' must be a list of non-negative integers, got {shape!r}")
+    check_shape(name, tuple(shape))
     parameters = _parameters(raw.get("parameters"), f"input {name!r} 'parameters'")
     if not _TENSOR_FIELDS.issuperset(raw):
         _ignore_fields(raw.keys() - _TENSOR_FIELDS, "input tensor")
@@ -319,7 +378,7 @@ def _bytes_array(data: list[Any]) -> np.ndarray:
 
 
 def _decode_requested_outputs(raw: Any) -> list[RequestedOutput] | None:
-    if raw is None:
+    if raw is None or raw == []:  # an empty list asks for nothing in particular: every output, as gRPC
         return None
     if not isinstance(raw, list):
         raise InvalidInput(f"'outputs' must be a list, not {_json_type(raw)}")

@@ -35,6 +35,11 @@ def raw_to_array(name: str, datatype: str, shape: tuple[int, ...], data: bytes |
 
 def _bytes_elements(name: str, shape: tuple[int, ...], count: int, data: bytes | memoryview) -> np.ndarray:
     view = memoryview(data)
+    if count * _LENGTH.size > len(view):  # checked before allocating: a shape may promise billions
+        raise InvalidInput(
+            f"input {name!r}: shape {list(shape)} has {count} BYTES elements but the data has only "
+            f"{len(view)} bytes; each element needs at least a 4-byte length"
+        )
     out = np.empty(count, dtype=object)
     offset = 0
     for index in range(count):

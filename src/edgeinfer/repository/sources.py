@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.config import Config, ModelConfig, parse, parse_model_config, read_yaml_mapping
-from edgeinfer.errors import ConfigError, ModelNotFound
+from edgeinfer.errors import ConfigError, InvalidInput, ModelNotFound, PermissionDenied
 
 log = logging.getLogger(__name__)
 
 MODEL_FILENAME = "model.onnx"
 DEFAULT_VERSION = "1"
+# Keys that choose what code runs or which file loads: a load request may not override them unless
+# server.auth.allow_code_overrides says so (then only admin keys can send load requests anyway).
+CODE_KEYS = ("model_class", "model_path", "python_path")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +63,26 @@ def scan_repository(root: Path) -> list[ModelSource]:
     for model_dir in sorted(
         path for path in root.iterdir() if path.is_dir() and not path.name.startswith(".")
     ):
-        sources.extend(scan_model_dir(model_dir))
+        sources.extend(scan_model_dir(model_dir, root))
     return sources
 
 
-def scan_model_dir(model_dir: Path, override: dict[str, Any] | None = None) -> list[ModelSource]:
+def _inside(path: Path, root: Path, what: str) -> None:
+    """Nothing the repository serves may resolve (through ``..`` or symlinks) outside its root."""
+    resolved, top = path.resolve(), root.resolve()
+    if not resolved.is_relative_to(top):
+        raise ConfigError(
+            f"{what} {path} resolves to {resolved}, outside the model repository {top}; files outside "
+            "it are not served (name such a model under models: in the config instead)"
+        )
+
+
+def scan_model_dir(model_dir: Path, root: Path, override: dict[str, Any] | None = None) -> list[ModelSource]:
     """The versions in one model directory; ``override`` replaces keys of its config.yaml."""
+    _inside(model_dir, root, "model directory")
     config_file = model_dir / "config.yaml"
+    if config_file.exists():
+        _inside(config_file, root, "model config")
     raw = read_yaml_mapping(config_file) if config_file.is_file() else {}
     model_config = parse_model_config({**raw, **(override or {})}, str(config_file))
     found = {}
@@ -93,6 +109,7 @@ def scan_model_dir(model_dir: Path, override: dict[str, Any] | None = None) -> l
         model_file = found[number] / MODEL_FILENAME
         if not model_file.is_file():
             raise ConfigError(f"model {model_dir.name!r} version {number}: {model_file} is missing")
+        _inside(model_file, root, "model file")
         config = _with_model_dir(model_config, model_dir)
         versions.append(ModelSource(model_dir.name, str(number), str(model_file), config))
     return versions
@@ -108,12 +125,18 @@ def _with_model_dir(config: ModelConfig, model_dir: Path) -> ModelConfig:
 
 
 def discover_model(config: Config, name: str, override: dict[str, Any] | None = None) -> list[ModelSource]:
-    """The versions of one model as the configuration and repository say now (for load requests)."""
-    if override and ("model_path" in override or "version" in override):
-        raise ConfigError("a load request may override batching and backend keys, not model_path or version")
+    """The versions of one model as the configuration and repository say now (for load requests).
+
+    The name comes from a client: it must name a directory right under the repository root (no ``/``,
+    no leading ``.``, nothing resolving outside). An override may not touch ``CODE_KEYS`` unless the
+    server allows it.
+    """
+    _check_override(config, override)
     entry = config.models.get(name)
     if entry is not None:
         path = entry.model_path or ""
+        if override and "model_path" in override:  # allowed by _check_override
+            path = str(Path(str(override["model_path"])).resolve())
         if override:
             merged = {**entry.model_dump(exclude_unset=True), **override}
             entry = parse(ModelConfig, merged, f"load override for {name!r}")
@@ -122,8 +145,26 @@ def discover_model(config: Config, name: str, override: dict[str, Any] | None = 
                 name, entry.version or DEFAULT_VERSION, path, entry, str(config.repository.cache_path)
             )
         ]
+    if any(char in name for char in "/\\\x00") or name.startswith(".") or not name:
+        raise InvalidInput(
+            f"{name!r} is not a model name: no '/', '\\' or leading '.' (they would leave the repository)"
+        )
     if config.model_store_path is not None:
-        model_dir = Path(config.model_store_path) / name
-        if model_dir.is_dir() and "/" not in name and not name.startswith("."):
-            return scan_model_dir(model_dir, override)
+        root = Path(config.model_store_path)
+        model_dir = root / name
+        if model_dir.is_dir():
+            return scan_model_dir(model_dir, root, override)
     raise ModelNotFound(f"no model named {name!r} in the repository or the configuration")
+
+
+def _check_override(config: Config, override: dict[str, Any] | None) -> None:
+    if not override:
+        return
+    if "version" in override:
+        raise ConfigError("a load request may override batching and backend keys, not version")
+    code = [key for key in CODE_KEYS if key in override]
+    if code and not config.server.auth.allow_code_overrides:
+        raise PermissionDenied(
+            f"a load request may not override {', '.join(code)}: they choose the code or files that run; "
+            "set server.auth.allow_code_overrides: true to let admin keys do it"
+        )

@@ -40,7 +40,9 @@ from edgeinfer.repository.router import Router
 from edgeinfer.repository.sources import ModelSource, discover, discover_model
 from edgeinfer.server.http import MetricsRoutes, V2Routes, error_response
 from edgeinfer.server.http_protocol import HttpServer
+from edgeinfer.server.security import Security
 from edgeinfer.service import Cluster, InferenceService
+from edgeinfer.validation import RequestLimits
 
 if TYPE_CHECKING:
     from edgeinfer.server.grpc import GrpcServer
@@ -78,6 +80,7 @@ class Server:
             if folder not in sys.path:
                 sys.path.insert(0, folder)
         self._discovered = discover(config)  # a configuration error shows now, before anything listens
+        Security.check(config.server)
         self._registered: list[ModelSource] = []
         self.service: InferenceService | None = None
         self._http: HttpServer | None = None
@@ -85,6 +88,7 @@ class Server:
         self._grpc: GrpcServer | None = None
         self._grpc_stopping: asyncio.Future[None] | None = None
         self._poller: RepositoryPoller | None = None
+        self._security: Security | None = None
         self._http_socket: socket.socket | None = None
         self._started = False
 
@@ -125,8 +129,17 @@ class Server:
         registry = Registry(metrics, LoadContext(run_step=run_step))
         residency = Residency(registry, config.residency, load_local)
         access_log = AccessLog(config.logging.access_log, config.logging.access_log_sample_rate)
+        limits = config.server.limits
+        request_limits = RequestLimits(limits.max_tensor_elements, limits.max_rows, limits.max_bytes_element)
         service = InferenceService(
-            registry, Router(registry), residency, metrics, access_log, self._discover, cluster
+            registry,
+            Router(registry),
+            residency,
+            metrics,
+            access_log,
+            self._discover,
+            cluster,
+            request_limits,
         )
         return service
 
@@ -147,13 +160,14 @@ class Server:
         self._started = True
         server_config = self.config.server
         service = self.service = self._build(worker.cluster if worker else None)
+        security = self._security = Security(server_config, service.metrics)
         if worker is None:
+            security.warn_if_open()
             await self._listen(bind(server_config.host, server_config.http_port), server_config.grpc_port)
             if server_config.metrics_port is not None:
                 metrics_socket = bind(server_config.host, server_config.metrics_port, "metrics")
-                self._metrics_http = HttpServer(
-                    MetricsRoutes(service.metrics_exposition), error_response, 64 * 1024
-                )
+                metrics_routes = MetricsRoutes(service.metrics_exposition, security.guard)
+                self._metrics_http = security.http_server(metrics_routes, error_response, 64 * 1024)
                 await self._metrics_http.start(metrics_socket)
         # a worker reads the repository again: one forked to replace another starts from what is there now
         discovered = discover(self.config) if worker is not None else self._discovered
@@ -172,6 +186,7 @@ class Server:
         else:
             await worker.serving()
             await self._listen(worker.http_socket, worker.grpc_port)
+        security.watch_tls()
         # Models, sessions and module state live for the whole run: move them out of the collector's
         # reach so that garbage collections triggered by request traffic stay short (tail latency).
         gc.freeze()
@@ -188,10 +203,17 @@ class Server:
 
     async def _listen(self, http_socket: socket.socket, grpc_port: int | None) -> None:
         assert self.service is not None
+        assert self._security is not None
         server_config = self.config.server
         self._http_socket = http_socket
-        routes = V2Routes(self.service, server_config.max_request_bytes, server_config.compress_min_bytes)
-        self._http = HttpServer(routes, error_response, server_config.max_request_bytes)
+        routes = V2Routes(
+            self.service,
+            server_config.max_request_bytes,
+            server_config.compress_min_bytes,
+            self._security.guard,
+            server_config.limits.max_json_depth,
+        )
+        self._http = self._security.http_server(routes, error_response, server_config.max_request_bytes)
         await self._http.start(http_socket)
         if grpc_port is not None:
             await self._start_grpc(server_config.host, grpc_port, server_config.max_request_bytes)
@@ -222,7 +244,14 @@ class Server:
         from edgeinfer.server.grpc import GrpcServer
 
         assert self.service is not None
-        self._grpc = GrpcServer(self.service, max_message_bytes)
+        assert self._security is not None
+        self._grpc = GrpcServer(
+            self.service,
+            max_message_bytes,
+            self._security.guard,
+            self.config.server.limits.max_grpc_streams,
+            self._security.grpc_credentials(),
+        )
         try:
             await self._grpc.start(host, port)
         except OSError as exc:
@@ -239,6 +268,8 @@ class Server:
         service = self.service
         if service is not None:
             service.set_ready(False)
+        if self._security is not None:
+            self._security.stop_watching()
         if self._poller is not None:
             await self._poller.stop()
             self._poller = None
@@ -255,11 +286,13 @@ class Server:
             await service.registry.close()
 
     async def serve(self, worker: WorkerRole | None = None) -> None:
-        """Start, wait for SIGINT or SIGTERM, stop. A signal while the models load stops at once."""
+        """Start, wait for SIGINT or SIGTERM, stop. A signal while the models load stops at once.
+        SIGHUP reads the TLS certificate files again."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._reload_tls)
         starting = asyncio.ensure_future(self.start(worker))
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -274,6 +307,10 @@ class Server:
         stopping.cancel()
         log.info("%sshutting down", f"worker {worker.index} " if worker else "")
         await self.stop()
+
+    def _reload_tls(self) -> None:
+        if self._security is not None:
+            self._security.reload_tls(force=True)
 
     async def _delay_shutdown(self, worker: WorkerRole | None) -> None:
         """Readiness fails at once, serving goes on for ``shutdown_delay_s``: load balancers that probe

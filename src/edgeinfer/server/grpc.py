@@ -5,7 +5,10 @@ status codes (``CODE_BY_ERROR``, looked up along the MRO, with the same messages
 registered under Triton's service path with our own message classes (see proto/edgeinfer_grpc_v2.proto
 for why), and a body that does not parse as the expected message is answered INVALID_ARGUMENT.
 
-A client's deadline becomes the request's deadline in the queue, and a cancelled call cancels its
+Every call first passes the API key check (``auth.Guard``, the key in ``authorization: Bearer`` or
+``x-api-key`` metadata) and the limit on concurrent calls (``server.limits.max_grpc_streams``, also
+given to clients as HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS per connection). A client's deadline
+becomes the request's deadline in the queue, and a cancelled call cancels its
 queued request, so neither is run for nobody. A request id sent as ``x-request-id`` metadata is used
 (else the request's V2 ``id``) and sent back in the trailing metadata, as HTTP echoes the header.
 """
@@ -29,14 +32,18 @@ from edgeinfer.errors import (
     ModelNotFound,
     ModelNotReady,
     PayloadTooLarge,
+    PermissionDenied,
     RequestCancelled,
     RequestTimeout,
     ServerBusy,
     Superseded,
+    TooLarge,
+    Unauthenticated,
 )
 from edgeinfer.errors import describe as describe_error
 from edgeinfer.protocol import grpc_codec
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
+from edgeinfer.server.auth import GRPC_ROUTES, Guard, presented_key
 from edgeinfer.service import InferenceCall, InferenceService, parse_override
 
 log = logging.getLogger(__name__)
@@ -46,7 +53,10 @@ SERVICE_NAME = "inference.GRPCInferenceService"
 CODE_BY_ERROR: dict[type[BaseException], grpc.StatusCode] = {
     ModelLoadError: grpc.StatusCode.INVALID_ARGUMENT,
     PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    TooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     ModelNotFound: grpc.StatusCode.NOT_FOUND,
     ModelNotReady: grpc.StatusCode.UNAVAILABLE,
     ServerBusy: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -87,13 +97,25 @@ Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
 class GrpcServer:
-    def __init__(self, service: InferenceService, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        service: InferenceService,
+        max_message_bytes: int,
+        guard: Guard,
+        max_calls: int = 1024,
+        credentials: grpc.ServerCredentials | None = None,
+    ) -> None:
         self.service = service
+        self._guard = guard
+        self._max_calls = max_calls
+        self._active = 0  # calls being handled now (each is an HTTP/2 stream)
+        self._credentials = credentials
         self._streams = itertools.count(1)  # names each ModelStreamInfer RPC's own stream
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", -1),
+                ("grpc.max_concurrent_streams", max_calls),
             ]
         )
         self._server.add_generic_rpc_handlers((self._handlers(),))
@@ -102,7 +124,10 @@ class GrpcServer:
     async def start(self, host: str, port: int) -> int:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            self.port = self._server.add_insecure_port(address)
+            if self._credentials is not None:
+                self.port = self._server.add_secure_port(address, self._credentials)
+            else:
+                self.port = self._server.add_insecure_port(address)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {address} for gRPC: {exc}") from None
         if self.port == 0:
@@ -116,42 +141,77 @@ class GrpcServer:
     def _handlers(self) -> grpc.GenericRpcHandler:
         unary = self._unary
         handlers = {
-            "ServerLive": unary(self.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
-            "ServerReady": unary(self.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
-            "ModelReady": unary(self.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
-            "ServerMetadata": unary(
-                self.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse
+            "ServerLive": unary("ServerLive", self.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
+            "ServerReady": unary(
+                "ServerReady", self.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse
             ),
-            "ModelMetadata": unary(self.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse),
-            "ModelInfer": unary(self.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
-            "ModelConfig": unary(self.model_config, pb.ModelConfigRequest, pb.ModelConfigResponse),
+            "ModelReady": unary("ModelReady", self.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
+            "ServerMetadata": unary(
+                "ServerMetadata", self.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse
+            ),
+            "ModelMetadata": unary(
+                "ModelMetadata", self.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse
+            ),
+            "ModelInfer": unary("ModelInfer", self.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
+            "ModelConfig": unary(
+                "ModelConfig", self.model_config, pb.ModelConfigRequest, pb.ModelConfigResponse
+            ),
             "ModelStatistics": unary(
-                self.model_statistics, pb.ModelStatisticsRequest, pb.ModelStatisticsResponse
+                "ModelStatistics",
+                self.model_statistics,
+                pb.ModelStatisticsRequest,
+                pb.ModelStatisticsResponse,
             ),
             "RepositoryIndex": unary(
-                self.repository_index, pb.RepositoryIndexRequest, pb.RepositoryIndexResponse
+                "RepositoryIndex",
+                self.repository_index,
+                pb.RepositoryIndexRequest,
+                pb.RepositoryIndexResponse,
             ),
             "RepositoryModelLoad": unary(
-                self.repository_model_load, pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse
+                "RepositoryModelLoad",
+                self.repository_model_load,
+                pb.RepositoryModelLoadRequest,
+                pb.RepositoryModelLoadResponse,
             ),
             "RepositoryModelUnload": unary(
+                "RepositoryModelUnload",
                 self.repository_model_unload,
                 pb.RepositoryModelUnloadRequest,
                 pb.RepositoryModelUnloadResponse,
             ),
             "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
-                self.model_stream_infer,
+                self._stream,
                 request_deserializer=_parser(pb.ModelInferRequest),
                 response_serializer=pb.ModelStreamInferResponse.SerializeToString,
             ),
         }
         return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
-    @staticmethod
-    def _unary(handler: Handler, request_class: Any, response_class: Any) -> grpc.RpcMethodHandler:
+    def _admit(self, method: str, model: str, context: grpc.aio.ServicerContext) -> None:
+        """The API key and the concurrent call limit, before a call does anything (raises)."""
+        guard = self._guard
+        if guard.enabled:
+            role, path = GRPC_ROUTES[method]
+            metadata = dict(context.invocation_metadata() or ())
+            guard.check("grpc", path.format(model=model or "*"), role, _key_of(metadata))
+        if self._active >= self._max_calls:
+            self.service.metrics.limit_refused("grpc_streams")
+            raise ServerBusy(
+                f"too many concurrent gRPC calls (server.limits.max_grpc_streams: {self._max_calls})"
+            )
+
+    def _unary(
+        self, method: str, handler: Handler, request_class: Any, response_class: Any
+    ) -> grpc.RpcMethodHandler:
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             if isinstance(request, _Malformed):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.text)
+            try:
+                self._admit(method, _model_of(request), context)
+            except EdgeInferError as error:
+                await context.abort(code_for(error), describe_error(error))
+            self._active += 1
             try:
                 return await handler(request, context)
             except asyncio.CancelledError:
@@ -160,12 +220,28 @@ class GrpcServer:
                 if not isinstance(error, EdgeInferError):
                     log.error("unexpected error in a gRPC call", exc_info=error)
                 await context.abort(code_for(error), describe_error(error))
+            finally:
+                self._active -= 1
 
         return grpc.unary_unary_rpc_method_handler(
             call,
             request_deserializer=_parser(request_class),
             response_serializer=response_class.SerializeToString,
         )
+
+    async def _stream(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        try:
+            self._admit("ModelStreamInfer", "", context)
+        except EdgeInferError as error:
+            await context.abort(code_for(error), describe_error(error))
+        self._active += 1
+        try:
+            async for answer in self.model_stream_infer(requests, context):
+                yield answer
+        finally:
+            self._active -= 1
 
     # ---- the RPCs ----
 
@@ -294,6 +370,19 @@ async def _stream_answer(
     except Exception as error:
         call.fail(error)
         return pb.ModelStreamInferResponse(error_message=describe_error(error))
+
+
+def _model_of(request: Any) -> str:
+    """The model a request names (``name`` or ``model_name``), for the path ``open_paths`` sees."""
+    return str(getattr(request, "name", "") or getattr(request, "model_name", ""))
+
+
+def _key_of(metadata: dict[str, Any]) -> str | None:
+    authorization, api_key = metadata.get("authorization"), metadata.get("x-api-key")
+    return presented_key(
+        authorization if isinstance(authorization, str) else None,
+        api_key if isinstance(api_key, str) else None,
+    )
 
 
 def _request_id(context: Any) -> str | None:

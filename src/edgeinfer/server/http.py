@@ -36,15 +36,19 @@ from edgeinfer.errors import (
     ModelNotFound,
     ModelNotReady,
     PayloadTooLarge,
+    PermissionDenied,
     RequestCancelled,
     RequestTimeout,
     ServerBusy,
     Superseded,
+    TooLarge,
+    Unauthenticated,
 )
 from edgeinfer.errors import describe as describe_error
 from edgeinfer.protocol import http_binary, json_codec
 from edgeinfer.protocol.types import InferRequest, InferResponse
 from edgeinfer.server import http_compression
+from edgeinfer.server.auth import Guard, http_role, presented_key
 from edgeinfer.server.http_protocol import HttpRequest, HttpResponse
 from edgeinfer.service import InferenceCall, InferenceService, parse_override
 
@@ -67,7 +71,10 @@ STATUS_BY_ERROR: dict[type[BaseException], int] = {
     MethodNotAllowed: 405,
     ModelLoadError: 400,
     PayloadTooLarge: 413,
+    TooLarge: 413,
     InvalidInput: 400,
+    Unauthenticated: 401,
+    PermissionDenied: 403,
     ModelNotFound: 404,
     ModelNotReady: 503,
     ServerBusy: 429,
@@ -100,7 +107,20 @@ def response_for_error(error: BaseException) -> HttpResponse:
         response.headers.append((b"retry-after", str(max(1, round(error.retry_after_s))).encode()))
     elif isinstance(error, MethodNotAllowed):
         response.headers.append((b"allow", error.allowed.encode()))
+    elif isinstance(error, Unauthenticated):
+        response.headers.append((b"www-authenticate", b'Bearer realm="edgeinfer"'))
     return response
+
+
+def check_key(guard: Guard, request: HttpRequest) -> None:
+    """The request's API key against the role of its path."""
+    authorization = request.headers.get(b"authorization")
+    api_key = request.headers.get(b"x-api-key")
+    presented = presented_key(
+        authorization.decode("latin-1") if authorization else None,
+        api_key.decode("latin-1") if api_key else None,
+    )
+    guard.check("http", request.path, http_role(request.path), presented)
 
 
 def metrics_response(exposition: bytes) -> HttpResponse:
@@ -119,10 +139,15 @@ def _allow(request: HttpRequest, method: str) -> None:
 class MetricsRoutes:
     """The handler of a metrics port: ``GET /metrics`` and nothing else."""
 
-    def __init__(self, exposition: Callable[[], Awaitable[bytes]]) -> None:
+    def __init__(self, exposition: Callable[[], Awaitable[bytes]], guard: Guard) -> None:
         self.exposition = exposition
+        self.guard = guard
 
     def __call__(self, request: HttpRequest) -> HttpResponse | asyncio.Future[HttpResponse]:
+        try:
+            check_key(self.guard, request)
+        except Exception as error:
+            return response_for_error(error)
         if request.path.rstrip("/") != "/metrics":
             return error_response(404, f"no route for {request.method} {request.path}; try GET /metrics")
         if request.method != "GET":
@@ -134,16 +159,28 @@ class V2Routes:
     """The request handler given to ``HttpServer``.
 
     ``max_body_bytes`` bounds decompressed bodies too; responses of at least ``compress_min_bytes`` are
-    compressed when the client sends ``Accept-Encoding: gzip`` or ``deflate``.
+    compressed when the client sends ``Accept-Encoding: gzip`` or ``deflate``. ``guard`` checks API keys
+    before anything else; ``max_json_depth`` bounds the nesting of JSON bodies.
     """
 
-    def __init__(self, service: InferenceService, max_body_bytes: int, compress_min_bytes: int) -> None:
+    def __init__(
+        self,
+        service: InferenceService,
+        max_body_bytes: int,
+        compress_min_bytes: int,
+        guard: Guard,
+        max_json_depth: int = json_codec.MAX_DEPTH,
+    ) -> None:
         self.service = service
         self.max_body_bytes = max_body_bytes
         self.compress_min_bytes = compress_min_bytes
+        self.guard = guard
+        self.max_json_depth = max_json_depth
 
     def __call__(self, request: HttpRequest) -> HttpResponse | asyncio.Future[HttpResponse]:
         try:
+            if self.guard.enabled:
+                check_key(self.guard, request)
             return self._route(request)
         except Exception as error:
             return response_for_error(error)
@@ -265,7 +302,9 @@ class V2Routes:
         return answer
 
     def _decode(self, request: HttpRequest) -> InferRequest:
-        decoded = http_binary.decode_request(self._body(request), _header_length(request))
+        decoded = http_binary.decode_request(
+            self._body(request), _header_length(request), self.max_json_depth
+        )
         request.body = b""  # a queued request holds only its tensors, not the body too
         return decoded
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import zlib
 
-from edgeinfer.errors import InvalidInput, PayloadTooLarge
+from edgeinfer.errors import InvalidInput, TooLarge
 
 _WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"x-gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
 
@@ -37,9 +37,10 @@ def _bounded(body: bytes, wbits: int, limit: int) -> bytes:
     inflater = zlib.decompressobj(wbits)
     out = inflater.decompress(body, limit + 1)
     if len(out) > limit or inflater.unconsumed_tail:
-        raise PayloadTooLarge(
+        raise TooLarge(
             f"the request body decompresses to more than the limit of {limit} bytes "
-            "(server.max_request_size_mb)"
+            "(server.max_request_size_mb)",
+            "decompressed_size",
         )
     if not inflater.eof:
         raise zlib.error("truncated stream")

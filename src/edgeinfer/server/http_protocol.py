@@ -7,9 +7,12 @@ response in one ``transport.write``. A handler answers at once or returns a futu
 disconnects, that future is cancelled, so a request still queued for a batch is dropped.
 
 What it does: keep-alive and pipelining (answered in order, reading paused while a request is pending),
-Content-Length and chunked bodies, ``Expect: 100-continue``, a body size limit checked on the declared
-length before reading and on the running total while reading, a header size limit, idle connection
-timeouts, and a graceful shutdown that lets in-flight requests finish.
+Content-Length and chunked bodies, ``Expect: 100-continue``, TLS (an ``ssl.SSLContext`` given to the
+server), a graceful shutdown that lets in-flight requests finish, and the hard limits of ``HttpLimits``:
+body size (checked on the declared length before reading and on the running total while reading),
+header size and count, slow clients (the headers and the body each have a deadline: a client that
+trickles bytes is answered 408 and closed), idle keep-alive connections, and open connections. Every
+refusal is reported to ``on_refused`` by the limit's name.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,9 +33,21 @@ import httptools
 
 log = logging.getLogger(__name__)
 
-MAX_HEADER_BYTES = 64 * 1024
-IDLE_TIMEOUT_S = 60.0
 LINGER_S = 2.0
+SWEEP_MAX_S = 1.0  # deadlines are checked at least this often (and four times per shortest timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """What one client may send or hold (``server.limits`` and ``server.max_request_size_mb``)."""
+
+    max_body_bytes: int
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keepalive_timeout_s: float = 60.0
+    max_connections: int = 1024
 
 
 @dataclass(slots=True)
@@ -54,6 +70,7 @@ class HttpResponse:
 
 Handler = Callable[[HttpRequest], "HttpResponse | asyncio.Future[HttpResponse]"]
 ErrorResponder = Callable[[int, str], HttpResponse]
+RefusalCounter = Callable[[str], None]
 
 
 def _status_lines() -> dict[int, bytes]:
@@ -90,10 +107,13 @@ class _Refused(Exception):
 class ServerState:
     """Shared by every connection of one server: the handler, limits and live connections."""
 
-    def __init__(self, handler: Handler, on_error: ErrorResponder, max_body_bytes: int) -> None:
+    def __init__(
+        self, handler: Handler, on_error: ErrorResponder, limits: HttpLimits, on_refused: RefusalCounter
+    ) -> None:
         self.handler = handler
         self.on_error = on_error
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits
+        self.on_refused = on_refused
         self.connections: set[HttpConnection] = set()
         self.all_closed: asyncio.Event | None = None  # set by stop(); fires when the last connection closes
 
@@ -108,6 +128,9 @@ class HttpConnection(asyncio.Protocol):
         self._url = b""
         self._headers: dict[bytes, bytes] = {}
         self._header_bytes = 0
+        self._header_count = 0
+        self._reading: str | None = None  # "headers" or "body" while a request is being received
+        self._reading_since = 0.0
         self._body: list[bytes] = []
         self._body_size = 0
         self._queue: deque[HttpRequest] = deque()
@@ -115,7 +138,7 @@ class HttpConnection(asyncio.Protocol):
         self._inflight_request: HttpRequest | None = None
         self._closing = False
         self._draining = False
-        self._refusal: tuple[int, str] | None = None
+        self._refusal: tuple[int, str, str] | None = None  # status, message, limit
         self._reading_paused = False
         self.last_active = time.monotonic()
 
@@ -123,11 +146,17 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
+        state = self._state
+        if len(state.connections) >= state.limits.max_connections:
+            state.on_refused("connections")
+            limit = state.limits.max_connections
+            self._fail(503, f"too many open connections (server.limits.max_connections: {limit})")
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):  # not every socket type takes it
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._state.connections.add(self)
+        state.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._state.connections.discard(self)
@@ -148,7 +177,9 @@ class HttpConnection(asyncio.Protocol):
             self._fail(400, "protocol upgrades are not supported")
         except (httptools.HttpParserError, _Refused) as exc:
             if self._refusal is not None:
-                self._fail(*self._refusal)
+                status, message, limit = self._refusal
+                self._state.on_refused(limit)
+                self._fail(status, message)
             else:
                 self._fail(400, f"malformed HTTP request: {exc}")
 
@@ -158,8 +189,10 @@ class HttpConnection(asyncio.Protocol):
         self._url = b""
         self._headers = {}
         self._header_bytes = 0
+        self._header_count = 0
         self._body = []
         self._body_size = 0
+        self._reading, self._reading_since = "headers", time.monotonic()
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -168,21 +201,27 @@ class HttpConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.lower()] = value
         self._count_header_bytes(len(name) + len(value))
+        self._header_count += 1
+        if self._header_count > self._state.limits.max_headers:
+            limit = self._state.limits.max_headers
+            self._refuse(431, f"more than {limit} header fields (server.limits.max_headers)", "header_count")
 
     def on_headers_complete(self) -> None:
+        self._reading, self._reading_since = "body", time.monotonic()
         declared = self._headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self._state.max_body_bytes:
-            self._refuse(413, self._too_large_message(int(declared)))
+        if declared is not None and declared.isdigit() and int(declared) > self._state.limits.max_body_bytes:
+            self._refuse(413, self._too_large_message(int(declared)), "body_size")
         if self._headers.get(b"expect", b"").lower() == b"100-continue" and self._transport is not None:
             self._transport.write(_CONTINUE)
 
     def on_body(self, body: bytes) -> None:
         self._body_size += len(body)
-        if self._body_size > self._state.max_body_bytes:
-            self._refuse(413, self._too_large_message(self._body_size))
+        if self._body_size > self._state.limits.max_body_bytes:
+            self._refuse(413, self._too_large_message(self._body_size), "body_size")
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._reading = None
         url = httptools.parse_url(self._url) if self._url else None
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         request = HttpRequest(
@@ -243,6 +282,7 @@ class HttpConnection(asyncio.Protocol):
             self._dispatch(self._queue.popleft())
         if not self._queue and self._reading_paused:
             self._reading_paused = False
+            self._reading_since = time.monotonic()  # a request read in part waited for us, not the client
             transport.resume_reading()
 
     def _fail(self, status: int, message: str) -> None:
@@ -263,20 +303,22 @@ class HttpConnection(asyncio.Protocol):
         else:
             transport.close()
 
-    def _refuse(self, status: int, message: str) -> None:
-        self._refusal = (status, message)
+    def _refuse(self, status: int, message: str, limit: str) -> None:
+        self._refusal = (status, message, limit)
         raise _Refused(message)
 
     def _too_large_message(self, size: int) -> str:
         return (
             f"request body of {size} bytes is larger than the limit of "
-            f"{self._state.max_body_bytes} bytes (server.max_request_size_mb)"
+            f"{self._state.limits.max_body_bytes} bytes (server.max_request_size_mb)"
         )
 
     def _count_header_bytes(self, size: int) -> None:
         self._header_bytes += size
-        if self._header_bytes > MAX_HEADER_BYTES:
-            self._refuse(431, f"request line and headers exceed {MAX_HEADER_BYTES} bytes")
+        limit = self._state.limits.max_header_bytes
+        if self._header_bytes > limit:
+            message = f"request line and headers exceed {limit} bytes (server.limits.max_header_bytes)"
+            self._refuse(431, message, "header_size")
 
     def _pause_reading(self) -> None:
         if not self._reading_paused and self._transport is not None:
@@ -304,32 +346,65 @@ class HttpConnection(asyncio.Protocol):
     def abort(self) -> None:
         self._close()
 
-    def close_if_idle_since(self, deadline: float) -> None:
-        if not self.busy and self.last_active < deadline:
+    def check_deadlines(self, now: float) -> None:
+        """Answer 408 to a client too slow with its headers or body; close one idle for too long."""
+        if self.busy or self._closing:
+            return
+        limits = self._state.limits
+        waited = now - self._reading_since
+        if self._reading == "headers" and waited > limits.header_timeout_s:
+            self._time_out("headers", "header_timeout_s", limits.header_timeout_s)
+        elif self._reading == "body" and waited > limits.body_timeout_s:
+            self._time_out("body", "body_timeout_s", limits.body_timeout_s)
+        elif self._reading is None and now - self.last_active > limits.keepalive_timeout_s:
+            self._state.on_refused("keepalive_timeout")
             self._close()
+
+    def _time_out(self, part: str, key: str, seconds: float) -> None:
+        self._state.on_refused(key.removesuffix("_s"))
+        self._fail(408, f"request {part} not complete within {seconds:g} s (server.limits.{key})")
+
+
+def _no_count(limit: str) -> None:
+    pass
 
 
 class HttpServer:
-    """Listens on a bound socket and serves ``handler`` until ``stop``."""
+    """Listens on a bound socket and serves ``handler`` until ``stop`` (over TLS with ``ssl_context``)."""
 
-    def __init__(self, handler: Handler, on_error: ErrorResponder, max_body_bytes: int) -> None:
-        self._state = ServerState(handler, on_error, max_body_bytes)
+    def __init__(
+        self,
+        handler: Handler,
+        on_error: ErrorResponder,
+        limits: HttpLimits,
+        ssl_context: ssl.SSLContext | None = None,
+        on_refused: RefusalCounter = _no_count,
+    ) -> None:
+        self._state = ServerState(handler, on_error, limits, on_refused)
+        self._ssl = ssl_context
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: HttpConnection(self._state), sock=sock, backlog=2048)
+        self._server = await loop.create_server(
+            lambda: HttpConnection(self._state),
+            sock=sock,
+            backlog=2048,
+            ssl=self._ssl,
+            ssl_handshake_timeout=self._state.limits.header_timeout_s if self._ssl is not None else None,
+        )
         self._schedule_sweep()
 
     def _schedule_sweep(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._sweeper = loop.call_later(IDLE_TIMEOUT_S / 4, self._sweep)
+        limits = self._state.limits
+        shortest = min(limits.header_timeout_s, limits.body_timeout_s, limits.keepalive_timeout_s)
+        self._sweeper = asyncio.get_running_loop().call_later(min(SWEEP_MAX_S, shortest / 4), self._sweep)
 
     def _sweep(self) -> None:
-        deadline = time.monotonic() - IDLE_TIMEOUT_S
+        now = time.monotonic()
         for connection in list(self._state.connections):
-            connection.close_if_idle_since(deadline)
+            connection.check_deadlines(now)
         self._schedule_sweep()
 
     async def stop(self, timeout_s: float = 10.0) -> None:

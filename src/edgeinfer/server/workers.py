@@ -49,10 +49,11 @@ from edgeinfer.batching.stats import merge_statistics
 from edgeinfer.errors import ConfigError, EdgeInferError, InvalidInput, ModelLoadError, startup_failure
 from edgeinfer.exposition import exposition, sum_process_stats
 from edgeinfer.logs import tag_worker
-from edgeinfer.metrics import WorkerGauges, merge, process_stats
+from edgeinfer.metrics import Metrics, WorkerGauges, merge, process_stats
 from edgeinfer.server.http import MetricsRoutes, error_response
 from edgeinfer.server.http_protocol import HttpRequest, HttpResponse, HttpServer
 from edgeinfer.server.ipc import Channel
+from edgeinfer.server.security import Security
 
 if TYPE_CHECKING:
     from edgeinfer.repository.poller import RepositoryPoller
@@ -112,6 +113,8 @@ class Supervisor:
         self._listeners: list[socket.socket] = []
         self._startup: HttpServer | None = None
         self._metrics_http: HttpServer | None = None
+        self._own = Metrics()  # the supervisor's own refusals (its metrics port, its start-up answers)
+        self._security: Security | None = None
         self._applied: dict[str, tuple[str, dict[str, Any] | None]] = {}  # replayed to new workers
         self._inherited_only: list[int] = []  # supervisor-side descriptors a worker closes at once
         self._startup_fd = -1
@@ -136,18 +139,23 @@ class Supervisor:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._stop)
         loop.add_signal_handler(signal.SIGCHLD, self._reap)
+        loop.add_signal_handler(signal.SIGHUP, self._reload_tls)
+        security = self._security = Security(config, self._own)
+        security.warn_if_open()
         # Until every worker is ready, the supervisor answers on the HTTP port itself (a duplicate of the
         # socket, so that closing its server later leaves the workers' socket open).
         startup_socket = self._http_socket.dup()
         self._startup_fd = startup_socket.fileno()
         self._inherited_only.append(self._startup_fd)
-        self._startup = HttpServer(_starting, error_response, 64 * 1024)
+        self._startup = security.http_server(_starting, error_response, 64 * 1024)
         await self._startup.start(startup_socket)
         if config.metrics_port is not None:
             metrics_socket = bind(config.host, config.metrics_port, "metrics")
             self._listeners.append(metrics_socket)
-            self._metrics_http = HttpServer(MetricsRoutes(self.metrics), error_response, 64 * 1024)
+            routes = MetricsRoutes(self.metrics, security.guard)
+            self._metrics_http = security.http_server(routes, error_response, 64 * 1024)
             await self._metrics_http.start(metrics_socket)
+        security.watch_tls()
         log.info(
             "supervisor %d: starting %d workers, HTTP on %s:%d",
             os.getpid(),
@@ -325,6 +333,15 @@ class Supervisor:
         if not self._stopping and worker.pid == 0:
             self._fork(worker)
 
+    def _reload_tls(self) -> None:
+        """SIGHUP: the supervisor's listeners and every worker read the certificate files again."""
+        if self._security is not None:
+            self._security.reload_tls(force=True)
+        for worker in self._workers:
+            if worker.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signal.SIGHUP)
+
     def _stop(self) -> None:
         if self._stopping:
             return
@@ -352,6 +369,8 @@ class Supervisor:
                     os.kill(worker.pid, signal.SIGKILL)
 
     async def _shutdown(self) -> None:
+        if self._security is not None:
+            self._security.stop_watching()
         for server in (self._startup, self._metrics_http):
             if server is not None:
                 await server.stop()
@@ -408,7 +427,7 @@ class Supervisor:
             *(worker.channel.call("snapshot") for worker in workers if worker.channel is not None),
             return_exceptions=True,
         )
-        snapshots, processes, by_worker = [], [process_stats()], {}
+        snapshots, processes, by_worker = [self._own.snapshot(())], [process_stats()], {}
         for worker, answer in zip(workers, answers, strict=True):
             if isinstance(answer, BaseException):
                 continue
@@ -427,9 +446,7 @@ class Supervisor:
             )
             for worker in self._workers
         ]
-        return exposition(
-            merge(snapshots) if snapshots else {"models": {}}, sum_process_stats(processes), gauges
-        )
+        return exposition(merge(snapshots), sum_process_stats(processes), gauges)
 
     async def metrics_text(self) -> str:
         return (await self.metrics()).decode()
