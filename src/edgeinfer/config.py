@@ -143,6 +143,19 @@ class PipelineConfig(_Frozen):
     steps: tuple[PipelineStep, ...]
 
 
+class RouteVariant(_Frozen):
+    """One share of a model name's traffic: a version of it, or another model (``model``)."""
+
+    model: str | None = Field(None, description="another model's name; default: the routed model")
+    version: str | None = Field(None, description="default: the highest ready version")
+    weight: float = Field(gt=0, description="relative share; the weights of a route need not add to 100")
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_text(cls, version: Any) -> Any:
+        return str(version) if isinstance(version, int) and not isinstance(version, bool) else version
+
+
 class ModelConfig(_Frozen):
     """One model: where it is, how it runs, and how its requests are batched and queued."""
 
@@ -371,8 +384,19 @@ class Config(_Frozen):
     repository: RepositoryConfig = RepositoryConfig()
     residency: ResidencyConfig = ResidencyConfig()
     models: dict[str, ModelConfig] = {}
+    routes: dict[str, tuple[RouteVariant, ...]] = Field(
+        default_factory=dict, description="weighted splits of a model name's traffic (docs/rollouts.md)"
+    )
     server: ServerConfig = ServerConfig()
     logging: LoggingConfig = LoggingConfig()
+
+    @field_validator("routes")
+    @classmethod
+    def _routes(cls, routes: dict[str, tuple[RouteVariant, ...]]) -> dict[str, tuple[RouteVariant, ...]]:
+        for name, variants in routes.items():
+            if not variants:
+                raise ValueError(f"route {name!r} needs at least one variant")
+        return routes
 
     @field_validator("models")
     @classmethod

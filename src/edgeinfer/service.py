@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 import yaml
 
 from edgeinfer import __version__
+from edgeinfer.config import Config, RouteVariant, parse
 from edgeinfer.errors import (
     ConfigError,
     EdgeInferError,
@@ -59,6 +60,18 @@ T = TypeVar("T")
 A = TypeVar("A")
 
 
+def parse_route(name: str, variants: Any) -> tuple[RouteVariant, ...] | None:
+    """The variants of a route set at run time (the config's ``routes.<name>`` layout)."""
+    if variants is None or variants == []:
+        return None
+    if not isinstance(variants, list):
+        raise InvalidInput("'variants' must be a list of {version or model, weight}")
+    try:
+        return parse(Config, {"routes": {name: variants}}, "route").routes[name]
+    except ConfigError as error:
+        raise InvalidInput(str(error)) from None
+
+
 def parse_override(text: Any) -> dict[str, Any] | None:
     """The ``config`` parameter of a load request: per-model keys as JSON (Triton's clients) or YAML."""
     if text is None or text == "":
@@ -76,6 +89,7 @@ def parse_override(text: Any) -> dict[str, Any] | None:
     return value
 
 
+_READY = ModelState.READY  # Python 3.11 looks enum members up slowly: the request path uses a name
 _REQUEST_PREFIX = os.urandom(4).hex()
 _request_numbers = itertools.count(1)
 
@@ -91,6 +105,8 @@ class Cluster(Protocol):
     async def load(self, name: str, override: dict[str, Any] | None) -> None: ...
 
     async def unload(self, name: str) -> None: ...
+
+    async def route(self, name: str, variants: list[dict[str, Any]] | None) -> None: ...
 
     async def index(self) -> list[dict[str, str]]: ...
 
@@ -142,13 +158,17 @@ class InferenceService:
     def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
         entry = self.router.pick(name, version)
         backend = self._serving(entry).backend
-        return {
+        metadata = {
             "name": name,
             "versions": [other.version for other in self.registry.versions(name)],
             "platform": backend.platform,
             "inputs": [spec.as_metadata() for spec in backend.inputs],
             "outputs": [spec.as_metadata() for spec in backend.outputs],
         }
+        route = self.router.route(name)
+        if route is not None:  # an extra field: clients that do not know it ignore it (gRPC too)
+            metadata["route"] = route.describe()
+        return metadata
 
     def model_config(self, name: str, version: str | None) -> dict[str, Any]:
         """Triton's model configuration layout (what tritonclient's ``get_model_config`` reads).
@@ -251,15 +271,34 @@ class InferenceService:
         return exposition(self.local_metrics(), process_stats())
 
     def local_index(self) -> list[dict[str, str]]:
-        return [
-            {
+        index = []
+        for entry in self.registry.index():
+            item = {
                 "name": entry.name,
                 "version": entry.version,
                 "state": entry.state.wire,
                 "reason": entry.wire_reason,
             }
-            for entry in self.registry.index()
-        ]
+            route = self.router.route(entry.name)
+            if route is not None:  # HTTP shows it; gRPC's index message has no field for it
+                item["route"] = route.summary()
+            index.append(item)
+        return index
+
+    async def set_route(self, name: str, variants: list[dict[str, Any]] | None) -> None:
+        """Replace (or with None or [], remove) the weighted route of ``name``; with workers, on every
+        worker before this returns. Routes set here last until restart; the config's come back then."""
+        parse_route(name, variants)  # a bad route is the client's error before any worker sees it
+        if self._cluster is not None:
+            await self._cluster.route(name, variants)
+        else:
+            self.local_route(name, variants)
+
+    def local_route(self, name: str, variants: list[dict[str, Any]] | None) -> None:
+        self.router.set_route(name, parse_route(name, variants))
+
+    def routes(self) -> dict[str, Any]:
+        return {name: route.describe() for name, route in self.router.routes().items()}
 
     async def local_load(self, name: str, override: dict[str, Any] | None = None) -> None:
         loop = asyncio.get_running_loop()
@@ -438,7 +477,7 @@ class InferenceCall:
         service, outcome = self._service, self.outcome
         entry = service.router.pick(outcome.model, outcome.version, request)
         serving = entry.serving
-        if entry.state is not ModelState.READY or serving is None:
+        if entry.state is not _READY or serving is None:
             raise ModelNotReady(f"model {entry.name!r} version {entry.version} is {entry.state.wire.lower()}")
         backend = serving.backend
         checked = check_request(
@@ -446,7 +485,7 @@ class InferenceCall:
         )
         outcome.rows, outcome.metrics = checked.rows, entry.recorder.metrics
         check_rows(checked.rows, service.limits)
-        self._model, self._version = entry.name, entry.version  # a fallback's when the ladder is down
+        self._model, self._version = entry.name, entry.version  # a fallback's, or another routed model's
         self._output_parameters = serving.output_parameters
         work = Work(
             request.inputs, checked.rows, checked.output_names, request.parameters, outcome.request_id
@@ -483,7 +522,7 @@ class InferenceCall:
                 model_version=self._version,
                 outputs=outputs,
                 id=request.id,
-                parameters={} if self._model == self.outcome.model else {"fallback_from": self.outcome.model},
+                parameters=self._substitution(),
                 requested=request.outputs,
                 output_parameters=self._output_parameters,
             )
@@ -495,6 +534,15 @@ class InferenceCall:
             raise
         self._record(None)
         return encoded
+
+    def _substitution(self) -> dict[str, Any]:
+        """Another model answered: ``fallback_from`` (the ladder stepped down) or ``routed_from`` (a
+        route's variant) names the model the client asked for."""
+        asked = self.outcome.model
+        if self._model == asked:
+            return {}
+        why = "fallback_from" if self._service.router.is_fallback(asked, self._model) else "routed_from"
+        return {why: asked}
 
     def fail(self, error: BaseException) -> None:
         """The request ended with ``error``; recorded unless the call was already recorded."""

@@ -1,29 +1,52 @@
 """Which model version a request goes to.
 
-The rule: the version the request names, else the highest READY version; and for a model with a
-``fallback`` whose ladder has stepped down (``ladder.py``), a request that names no version goes to the
-fallback model's highest READY version instead (while it has one). The router is the one place these
-rules live, so weighted splits or canaries become rules here and nothing else changes. It raises the
-errors the transports map: unknown model or version, evicted (load it first), nothing ready.
+The rules, in order: the version the request names always wins; for a model with a ``fallback`` whose
+ladder has stepped down (``ladder.py``), the fallback model's highest READY version (while it has one);
+for a model name with a route (``routes.py``), the variant its routing key (or chance) picks, when that
+variant can serve; else the highest READY version. The router is the one place these rules live. It
+raises the errors the transports map: unknown model or version, evicted (load it first), nothing ready.
 """
 
 from __future__ import annotations
 
 import time
 
+from edgeinfer.config import RouteVariant
 from edgeinfer.errors import EdgeInferError, ModelEvicted, ModelNotFound, ModelNotReady
 from edgeinfer.metrics import LadderGauges
 from edgeinfer.protocol.types import InferRequest
 from edgeinfer.repository.ladder import Ladder
 from edgeinfer.repository.registry import ModelState, ModelVersion, Registry, version_key
+from edgeinfer.repository.routes import Route
 
 _NOT_LOADED = (ModelState.EVICTED, ModelState.DEFERRED)
+# Python 3.11 looks an enum member up slowly (0.2 us each here): the request path uses plain names.
+_READY, _DEFERRED = ModelState.READY, ModelState.DEFERRED
 
 
 class Router:
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, routes: dict[str, tuple[RouteVariant, ...]] | None = None) -> None:
         self._registry = registry
         self._ladders: dict[str, Ladder] = {}
+        self._routes = {name: Route(name, variants) for name, variants in (routes or {}).items()}
+
+    def set_route(self, name: str, variants: tuple[RouteVariant, ...] | None) -> None:
+        """Replace (or with None, remove) the route of ``name``; effective for the next request."""
+        if variants:
+            self._routes[name] = Route(name, variants)
+        else:
+            self._routes.pop(name, None)
+
+    def route(self, name: str) -> Route | None:
+        return self._routes.get(name)
+
+    def routes(self) -> dict[str, Route]:
+        return dict(self._routes)
+
+    def is_fallback(self, name: str, other: str) -> bool:
+        """Whether ``other`` answers for ``name`` because ``name``'s ladder stepped down (else: a route)."""
+        ladder = self._ladders.get(name)
+        return ladder is not None and ladder.fallback == other
 
     def pick(
         self, name: str, version: str | None = None, request: InferRequest | None = None
@@ -38,16 +61,34 @@ class Router:
         if fallback is None:
             if self._ladders:  # a reload may have removed the fallback: its ladder goes too
                 self._ladders.pop(name, None)
-            return best
+            return self._routed(name, best, request) if self._routes else best
         ladder = self._ladders.get(name)
         if ladder is None or ladder.config is not fallback:  # first request, or the model was reloaded
             ladder = self._ladders[name] = Ladder(name, fallback)
         if not ladder.degraded(time.monotonic()):
-            return best
+            return self._routed(name, best, request) if self._routes else best
         try:
             return self._highest_ready(ladder.fallback)
         except EdgeInferError:  # the fallback is not there (unknown, unloaded): the model itself answers
             return best
+
+    def _routed(self, name: str, best: ModelVersion, request: InferRequest) -> ModelVersion:
+        """The variant of ``name``'s route for this request, or ``best`` when there is no route or the
+        variant cannot serve now (not loaded, not ready): a route never fails a request."""
+        route = self._routes.get(name)
+        if route is None:
+            return best
+        key = request.parameters.get("routing_key")
+        variant = route.choose(None if key is None else str(key))
+        if variant.model == name and variant.version in (None, best.version):
+            return best
+        try:
+            if variant.version is None:
+                return self._highest_ready(variant.model)
+            entry = self._registry.get(variant.model, variant.version)
+        except EdgeInferError:
+            return best
+        return entry if entry.state is _READY else best
 
     def observe(self, name: str, seconds: float) -> None:
         """A request for ``name`` (by the name it asked for) was answered in ``seconds`` (``math.inf``:
@@ -73,13 +114,13 @@ class Router:
             raise ModelNotFound(f"unknown model {name!r}")
         best: ModelVersion | None = None
         for entry in versions:
-            if entry.state is ModelState.READY and (
+            if entry.state is _READY and (
                 best is None or version_key(entry.version) > version_key(best.version)
             ):
                 best = entry
         if best is not None:
             return best
-        if all(entry.state is ModelState.DEFERRED for entry in versions):
+        if all(entry.state is _DEFERRED for entry in versions):
             raise ModelEvicted(f"model {name!r} is loaded on demand and not loaded yet")
         if all(entry.state in _NOT_LOADED for entry in versions):
             raise ModelEvicted(f"model {name!r} was evicted to save memory")

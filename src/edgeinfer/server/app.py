@@ -133,7 +133,7 @@ class Server:
         request_limits = RequestLimits(limits.max_tensor_elements, limits.max_rows, limits.max_bytes_element)
         service = InferenceService(
             registry,
-            Router(registry),
+            Router(registry, config.routes),
             residency,
             metrics,
             access_log,

@@ -188,13 +188,13 @@ class GrpcServer:
         }
         return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
-    def _admit(self, method: str, model: str, context: grpc.aio.ServicerContext) -> None:
+    def _admit(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
         """The API key and the concurrent call limit, before a call does anything (raises)."""
         guard = self._guard
         if guard.enabled:
             role, path = GRPC_ROUTES[method]
             metadata = dict(context.invocation_metadata() or ())
-            guard.check("grpc", path.format(model=model or "*"), role, _key_of(metadata))
+            guard.check("grpc", path.format(model=_model_of(request) or "*"), role, _key_of(metadata))
         if self._active >= self._max_calls:
             self.service.metrics.limit_refused("grpc_streams")
             raise ServerBusy(
@@ -208,7 +208,7 @@ class GrpcServer:
             if isinstance(request, _Malformed):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.text)
             try:
-                self._admit(method, _model_of(request), context)
+                self._admit(method, request, context)
             except EdgeInferError as error:
                 await context.abort(code_for(error), describe_error(error))
             self._active += 1
@@ -233,7 +233,7 @@ class GrpcServer:
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         try:
-            self._admit("ModelStreamInfer", "", context)
+            self._admit("ModelStreamInfer", None, context)
         except EdgeInferError as error:
             await context.abort(code_for(error), describe_error(error))
         self._active += 1
@@ -298,12 +298,14 @@ class GrpcServer:
         return self.service.call("grpc", request.model_name, request.model_version or None, given_id)
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        given_id = _request_id(context)
+        given_id, routing_key = _request_metadata(context)
         call = self._call(request, given_id)
         if given_id is not None:  # echoed as HTTP echoes X-Request-ID (metadata costs: only when sent)
             context.set_trailing_metadata((("x-request-id", given_id),))
         try:
             decoded = call.decode(grpc_codec.decode_infer_request, request)
+            if routing_key is not None:
+                decoded.parameters.setdefault("routing_key", routing_key)
             await call.submit(decoded, context.time_remaining())  # a cancelled call drops the request
             response = call.respond(grpc_codec.encode_infer_response)
         except asyncio.CancelledError:
@@ -325,6 +327,7 @@ class GrpcServer:
         is answered as superseded).
         """
         own_stream = f"ModelStreamInfer#{next(self._streams)}"
+        _, routing_key = _request_metadata(context)  # one key for the stream's every message
         answers: asyncio.Queue[tuple[InferenceCall, asyncio.Future[Any] | BaseException] | str | None]
         answers = asyncio.Queue()
 
@@ -337,6 +340,8 @@ class GrpcServer:
                     call = self._call(request, None)
                     try:
                         decoded = call.decode(grpc_codec.decode_infer_request, request)
+                        if routing_key is not None:
+                            decoded.parameters.setdefault("routing_key", routing_key)
                         if decoded.parameters.get("drop_stale") is True:
                             decoded.parameters.setdefault("stream_id", own_stream)
                         answers.put_nowait((call, call.submit(decoded)))
@@ -385,8 +390,12 @@ def _key_of(metadata: dict[str, Any]) -> str | None:
     )
 
 
-def _request_id(context: Any) -> str | None:
+def _request_metadata(context: Any) -> tuple[str | None, str | None]:
+    """The ``x-request-id`` and ``x-routing-key`` metadata a call was sent with."""
+    request_id = routing_key = None
     for key, value in context.invocation_metadata() or ():
         if key == "x-request-id":
-            return str(value)
-    return None
+            request_id = str(value)
+        elif key == "x-routing-key":
+            routing_key = str(value)
+    return request_id, routing_key

@@ -19,6 +19,9 @@ Routes::
     POST /v2/repository/index                      every version and its state (Triton's extension)
     POST /v2/repository/models/{m}/load            load or reload a model (optional config override)
     POST /v2/repository/models/{m}/unload          stop serving a model
+    GET  /v2/routes                                every weighted route (docs/rollouts.md)
+    PUT  /v2/routes/{m}                            set a route: {"variants": [{version|model, weight}]}
+    DELETE /v2/routes/{m}                          remove a route
 """
 
 from __future__ import annotations
@@ -192,6 +195,8 @@ class V2Routes:
         if head == "v2":
             if len(parts) >= 3 and parts[1] == "repository":
                 return self._repository(request, parts)
+            if len(parts) <= 3 and parts[1:2] == ["routes"]:
+                return self._routes(request, parts)
             if len(parts) >= 3 and parts[1] == "models":
                 return self._model_route(request, parts)
             if parts == ["v2"]:
@@ -242,6 +247,21 @@ class V2Routes:
                 work = service.unload_model(name)
             return _when_done(work, lambda _: _json(200, {}))
         raise RouteNotFound(f"no route for {request.method} {request.path}")
+
+    def _routes(self, request: HttpRequest, parts: list[str]) -> HttpResponse | asyncio.Future[HttpResponse]:
+        service = self.service
+        if len(parts) == 2:
+            _allow(request, "GET")
+            return _json(200, {"routes": service.routes()})
+        if request.method == "DELETE":
+            return _when_done(service.set_route(parts[2], None), lambda _: _json(200, {}))
+        if request.method not in ("PUT", "POST"):
+            raise MethodNotAllowed(request.method, "PUT, DELETE")
+        document = json_codec.loads_object(request.body, "request body")
+        variants = document.get("variants")
+        return _when_done(
+            service.set_route(parts[2], variants), lambda _: _json(200, {"routes": service.routes()})
+        )
 
     def _model_route(
         self, request: HttpRequest, parts: list[str]
@@ -306,6 +326,9 @@ class V2Routes:
             self._body(request), _header_length(request), self.max_json_depth
         )
         request.body = b""  # a queued request holds only its tensors, not the body too
+        routing_key = request.headers.get(b"x-routing-key")
+        if routing_key is not None:  # a route keeps one key on one variant (the body's wins)
+            decoded.parameters.setdefault("routing_key", routing_key.decode("latin-1"))
         return decoded
 
     def _body(self, request: HttpRequest) -> bytes:

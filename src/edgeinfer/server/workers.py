@@ -116,6 +116,7 @@ class Supervisor:
         self._own = Metrics()  # the supervisor's own refusals (its metrics port, its start-up answers)
         self._security: Security | None = None
         self._applied: dict[str, tuple[str, dict[str, Any] | None]] = {}  # replayed to new workers
+        self._routes: dict[str, list[dict[str, Any]] | None] = {}  # routes set at run time, replayed too
         self._inherited_only: list[int] = []  # supervisor-side descriptors a worker closes at once
         self._startup_fd = -1
         self._poller: RepositoryPoller | None = None
@@ -241,6 +242,7 @@ class Supervisor:
             "loaded": loaded,
             "load": self.load,
             "unload": self.unload,
+            "route": self.route,
             "index": self.index,
             "statistics": self.statistics,
             "metrics": self.metrics_text,
@@ -256,6 +258,8 @@ class Supervisor:
                         await worker.channel.call("local_load", name=name, override=override)
                     else:
                         await worker.channel.call("local_unload", name=name)
+            for name, variants in list(self._routes.items()):
+                await worker.channel.call("local_route", name=name, variants=variants)
             worker.ready = True
             log.info("worker %d (pid %d) is serving again", worker.index, worker.pid)
             return
@@ -405,6 +409,10 @@ class Supervisor:
         self._applied[name] = ("unload", None)
         await self._on_all("local_unload", name=name)
 
+    async def route(self, name: str, variants: list[dict[str, Any]] | None) -> None:
+        self._routes[name] = variants  # None: removed (a replacement worker must drop the config's too)
+        await self._on_all("local_route", name=name, variants=variants)
+
     async def index(self) -> list[dict[str, str]]:
         return merge_indexes(await self._on_all("local_index"))
 
@@ -509,6 +517,7 @@ class WorkerLink:
             {
                 "local_load": self._local_load,
                 "local_unload": self._local_unload,
+                "local_route": self._local_route,
                 "local_index": self._local_index,
                 "local_statistics": self._local_statistics,
                 "snapshot": self._snapshot,
@@ -538,6 +547,9 @@ class WorkerLink:
     async def unload(self, name: str) -> None:
         await self._channel.call("unload", name=name)
 
+    async def route(self, name: str, variants: list[dict[str, Any]] | None) -> None:
+        await self._channel.call("route", name=name, variants=variants)
+
     async def index(self) -> list[dict[str, str]]:
         result: list[dict[str, str]] = await self._channel.call("index")
         return result
@@ -556,6 +568,9 @@ class WorkerLink:
 
     async def _local_unload(self, name: str) -> None:
         await self._local().local_unload(name)
+
+    async def _local_route(self, name: str, variants: list[dict[str, Any]] | None) -> None:
+        self._local().local_route(name, variants)
 
     async def _local_index(self) -> list[dict[str, str]]:
         return self._local().local_index()
