@@ -156,6 +156,19 @@ class RouteVariant(_Frozen):
         return str(version) if isinstance(version, int) and not isinstance(version, bool) else version
 
 
+class ShadowConfig(_Frozen):
+    """A candidate that gets a copy of a share of a model's requests (its answers are only compared)."""
+
+    model: str | None = Field(None, description="another model's name; default: the shadowed model")
+    version: str | None = Field(None, description="default: the highest ready version")
+    share: float = Field(1.0, gt=0, le=1, description="the share of requests mirrored")
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_text(cls, version: Any) -> Any:
+        return str(version) if isinstance(version, int) and not isinstance(version, bool) else version
+
+
 class ModelConfig(_Frozen):
     """One model: where it is, how it runs, and how its requests are batched and queued."""
 
@@ -386,6 +399,10 @@ class Config(_Frozen):
     models: dict[str, ModelConfig] = {}
     routes: dict[str, tuple[RouteVariant, ...]] = Field(
         default_factory=dict, description="weighted splits of a model name's traffic (docs/rollouts.md)"
+    )
+    shadows: dict[str, ShadowConfig] = Field(
+        default_factory=dict,
+        description="candidates that get a copy of a model's requests (docs/rollouts.md)",
     )
     server: ServerConfig = ServerConfig()
     logging: LoggingConfig = LoggingConfig()

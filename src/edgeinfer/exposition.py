@@ -20,7 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from edgeinfer.metrics import BATCH_BUCKETS, LATENCY_BUCKETS_S, PREFIX, Snapshot, WorkerGauges
+from edgeinfer.metrics import BATCH_BUCKETS, DIFF_BUCKETS, LATENCY_BUCKETS_S, PREFIX, Snapshot, WorkerGauges
 
 
 def exposition(
@@ -43,6 +43,7 @@ class _SnapshotCollector(Collector):
         self._loop_lag_s = snapshot.get("loop_lag_s", 0.0)
         self._limits = sorted(snapshot.get("limits", {}).items())
         self._auth = sorted(snapshot.get("auth", {}).items())
+        self._shadows = sorted(snapshot.get("shadows", {}).items())
         self._process = process
         self._workers = workers
 
@@ -147,6 +148,7 @@ class _SnapshotCollector(Collector):
         for key, count in self._auth:
             auth.add_metric(key.split(" ", 1), count)
         yield from (limits, auth)
+        yield from _shadow_families(self._shadows)
         yield from _process_families(self._process)
         if self._workers is not None:
             yield from _worker_families(self._workers)
@@ -174,6 +176,36 @@ def _ladder_families(ladders: list[tuple[str, dict[str, Any]]]) -> Iterator[Metr
         if ladder["p95_s"] is not None:
             p95.add_metric([name], ladder["p95_s"])
     yield from (degraded, switches, p95)
+
+
+def _shadow_families(shadows: list[tuple[str, dict[str, Any]]]) -> Iterator[Metric]:
+    requests = CounterMetricFamily(
+        PREFIX + "shadow_requests",
+        "Requests mirrored to a shadow candidate, by result: compared, dropped (the server was busy), "
+        "failed (the candidate raised), primary_failed, unavailable",
+        labels=["model", "candidate", "result"],
+    )
+    diffs = HistogramMetricFamily(
+        PREFIX + "shadow_max_abs_diff",
+        "Largest absolute difference between the primary's and the candidate's output, per request",
+        labels=["model", "candidate", "output"],
+    )
+    rows = CounterMetricFamily(
+        PREFIX + "shadow_rows",
+        "Rows compared between primary and candidate: agree=true when the top-1 class (float outputs "
+        "with classes) or the whole row (others) is the same",
+        labels=["model", "candidate", "output", "agree"],
+    )
+    for key, stats in shadows:
+        model, candidate = key.split("\x00", 1)
+        for result, count in sorted(stats["results"].items()):
+            requests.add_metric([model, candidate, result], count)
+        for output, histogram in sorted(stats["diffs"].items()):
+            diffs.add_metric([model, candidate, output], _buckets(histogram, DIFF_BUCKETS), histogram["sum"])
+        for output, (agreeing, compared) in sorted(stats["rows"].items()):
+            rows.add_metric([model, candidate, output, "true"], agreeing)
+            rows.add_metric([model, candidate, output, "false"], compared - agreeing)
+    yield from (requests, diffs, rows)
 
 
 def _per_model(

@@ -28,6 +28,10 @@ Exported, all prefixed ``edgeinfer_`` with units in the names:
     fallback_switches_total{model,fallback,direction}            direction: enter, exit
     fallback_window_p95_seconds{model}                           the p95 the ladder decides on
     event_loop_lag_seconds                                       how late the loop runs (0 when idle)
+    shadow_requests_total{model,candidate,result}                mirrored requests: compared, dropped,
+                                                                 failed, primary_failed, unavailable
+    shadow_max_abs_diff{model,candidate,output}                  per request (histogram)
+    shadow_rows_total{model,candidate,output,agree}              rows compared: top-1 / row equality
     limit_refusals_total{limit}                                  requests over a server.limits limit
     auth_refusals_total{protocol,reason}                         reason: unauthenticated, forbidden
     workers, worker_ready{worker}, worker_restarts_total{worker},        with workers: N only
@@ -42,7 +46,7 @@ from __future__ import annotations
 import os
 import resource
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,6 +161,41 @@ def _histogram(table: dict[str, Histogram], protocol: str) -> Histogram:
     return histogram
 
 
+DIFF_BUCKETS = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0)
+
+
+@dataclass
+class ShadowStats:
+    """What the shadow comparisons of one (model, candidate) pair found (``shadow.py``)."""
+
+    results: dict[str, int] = field(default_factory=dict)
+    diffs: dict[str, Histogram] = field(default_factory=dict)  # per output
+    rows: dict[str, list[int]] = field(default_factory=dict)  # per output: [agreeing, compared]
+
+    def result(self, result: str) -> None:
+        self.results[result] = self.results.get(result, 0) + 1
+
+    def compared(self, outputs: Mapping[str, Any]) -> None:
+        """``outputs``: ``shadow.Comparison`` per output name."""
+        self.result("compared")
+        for name, comparison in outputs.items():
+            if comparison.max_abs_diff is not None:
+                histogram = self.diffs.get(name)
+                if histogram is None:
+                    histogram = self.diffs[name] = Histogram(DIFF_BUCKETS)
+                histogram.observe(comparison.max_abs_diff)
+            counts = self.rows.setdefault(name, [0, 0])
+            counts[0] += comparison.rows_agreeing
+            counts[1] += comparison.rows
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "results": dict(self.results),
+            "diffs": {name: histogram.snapshot() for name, histogram in self.diffs.items()},
+            "rows": {name: list(counts) for name, counts in self.rows.items()},
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class VersionGauges:
     """The live state of one loaded (or once loaded) model version, read at scrape time."""
@@ -191,8 +230,15 @@ class Metrics:
 
     def __init__(self) -> None:
         self.models: dict[tuple[str, str], ModelMetrics] = {}
+        self.shadows: dict[tuple[str, str], ShadowStats] = {}  # by (model, candidate)
         self.limits: dict[str, int] = {}  # refusals by limit: body_size, rows, header_timeout, ...
         self.auth: dict[str, int] = {}  # refusals by "protocol reason"
+
+    def shadow(self, model: str, candidate: str) -> ShadowStats:
+        stats = self.shadows.get((model, candidate))
+        if stats is None:
+            stats = self.shadows[model, candidate] = ShadowStats()
+        return stats
 
     def limit_refused(self, limit: str) -> None:
         self.limits[limit] = self.limits.get(limit, 0) + 1
@@ -237,6 +283,9 @@ class Metrics:
             "loop_lag_s": loop_lag_s,
             "limits": dict(self.limits),
             "auth": dict(self.auth),
+            "shadows": {
+                _key(model, candidate): stats.snapshot() for (model, candidate), stats in self.shadows.items()
+            },
             "ladders": {
                 ladder.name: {
                     "fallback": ladder.fallback,
@@ -305,7 +354,24 @@ def merge(snapshots: list[Snapshot]) -> Snapshot:
             mine["p95_s"] = max(known) if known else None
     lag = max((snapshot.get("loop_lag_s", 0.0) for snapshot in snapshots), default=0.0)
     counts = {key: _sum_counts(snapshot.get(key, {}) for snapshot in snapshots) for key in ("limits", "auth")}
-    return {"models": models, "ladders": ladders, "loop_lag_s": lag, **counts}
+    shadows: dict[str, dict[str, Any]] = {}
+    for snapshot in snapshots:
+        for key, stats in snapshot.get("shadows", {}).items():
+            _add_shadow(shadows.setdefault(key, {"results": {}, "diffs": {}, "rows": {}}), stats)
+    return {"models": models, "ladders": ladders, "loop_lag_s": lag, "shadows": shadows, **counts}
+
+
+def _add_shadow(into: dict[str, Any], stats: dict[str, Any]) -> None:
+    into["results"] = _sum_counts((into["results"], stats["results"]))
+    for name, histogram in stats["diffs"].items():
+        if name in into["diffs"]:
+            _add_histogram(into["diffs"][name], histogram)
+        else:
+            into["diffs"][name] = _copy_histogram(histogram)
+    for name, (agreeing, compared) in stats["rows"].items():
+        mine = into["rows"].setdefault(name, [0, 0])
+        mine[0] += agreeing
+        mine[1] += compared
 
 
 def _sum_counts(tables: Iterable[dict[str, int]]) -> dict[str, int]:

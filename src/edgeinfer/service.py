@@ -18,13 +18,13 @@ import itertools
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import yaml
 
 from edgeinfer import __version__
-from edgeinfer.config import Config, RouteVariant, parse
+from edgeinfer.config import Config, RouteVariant, ShadowConfig, parse
 from edgeinfer.errors import (
     ConfigError,
     EdgeInferError,
@@ -44,6 +44,7 @@ from edgeinfer.repository.residency import Residency
 from edgeinfer.repository.router import Router
 from edgeinfer.repository.sources import ModelSource
 from edgeinfer.runners import Tensors, Work
+from edgeinfer.shadow import Shadows
 from edgeinfer.validation import (
     RequestLimits,
     check_request,
@@ -126,9 +127,11 @@ class InferenceService:
         discover: Callable[[str, dict[str, Any] | None], list[ModelSource]],
         cluster: Cluster | None = None,
         limits: RequestLimits | None = None,
+        shadows: Mapping[str, ShadowConfig] | None = None,
     ) -> None:
         self.registry = registry
         self.limits = limits or RequestLimits()
+        self.shadows = Shadows(registry, router, metrics, shadows or {})
         self.router = router
         self.residency = residency
         self.metrics = metrics
@@ -490,7 +493,7 @@ class InferenceCall:
         work = Work(
             request.inputs, checked.rows, checked.output_names, request.parameters, outcome.request_id
         )
-        return serving.batcher.submit(
+        answer = serving.batcher.submit(
             work,
             checked.group,
             priority=parse_priority(request.parameters, entry.config.default_priority_level),
@@ -498,6 +501,8 @@ class InferenceCall:
             trace=outcome.trace,
             stream=parse_stream(request.parameters),
         )
+        service.shadows.mirror(outcome.model, entry, request, answer)
+        return answer
 
     async def _load_then_queue(self, request: InferRequest, deadline_s: float | None) -> Tensors:
         started = time.monotonic()

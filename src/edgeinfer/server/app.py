@@ -140,6 +140,7 @@ class Server:
             self._discover,
             cluster,
             request_limits,
+            config.shadows,
         )
         return service
 
