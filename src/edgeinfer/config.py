@@ -169,6 +169,34 @@ class ShadowConfig(_Frozen):
         return str(version) if isinstance(version, int) and not isinstance(version, bool) else version
 
 
+class CanaryConfig(_Frozen):
+    """A candidate version that takes a growing share of a model's traffic while it stays healthy."""
+
+    version: str = Field(description="the candidate version")
+    stable: str | None = Field(None, description="default: the highest ready other version at start")
+    steps: tuple[float, ...] = Field((5, 25, 50, 100), description="the candidate's share (%) step by step")
+    interval_s: float = Field(60.0, gt=0, description="the least time at each step")
+    min_requests: int = Field(200, ge=1, description="candidate requests a step needs before it advances")
+    max_error_rate: float = Field(0.01, ge=0, le=1)
+    max_p99_ms: float | None = Field(None, gt=0)
+    max_disagreement: float | None = Field(
+        None, ge=0, le=1, description="share of rows whose label differs from the stable's (shadowed)"
+    )
+    shadow_share: float = Field(1.0, gt=0, le=1, description="stable requests mirrored to the candidate")
+
+    @field_validator("version", "stable", mode="before")
+    @classmethod
+    def _version_text(cls, version: Any) -> Any:
+        return str(version) if isinstance(version, int) and not isinstance(version, bool) else version
+
+    @field_validator("steps")
+    @classmethod
+    def _rising_steps(cls, steps: tuple[float, ...]) -> tuple[float, ...]:
+        if not steps or any(not 0 < step <= 100 for step in steps) or list(steps) != sorted(set(steps)):
+            raise ValueError("steps must be rising shares in (0, 100], e.g. [5, 25, 50, 100]")
+        return steps
+
+
 class ModelConfig(_Frozen):
     """One model: where it is, how it runs, and how its requests are batched and queued."""
 
@@ -403,6 +431,9 @@ class Config(_Frozen):
     shadows: dict[str, ShadowConfig] = Field(
         default_factory=dict,
         description="candidates that get a copy of a model's requests (docs/rollouts.md)",
+    )
+    canaries: dict[str, CanaryConfig] = Field(
+        default_factory=dict, description="candidates rolled forward or back by health (docs/rollouts.md)"
     )
     server: ServerConfig = ServerConfig()
     logging: LoggingConfig = LoggingConfig()

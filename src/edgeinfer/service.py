@@ -19,7 +19,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import yaml
 
@@ -45,6 +45,9 @@ from edgeinfer.repository.router import Router
 from edgeinfer.repository.sources import ModelSource
 from edgeinfer.runners import Tensors, Work
 from edgeinfer.shadow import Shadows
+
+if TYPE_CHECKING:
+    from edgeinfer.canary import Canaries
 from edgeinfer.validation import (
     RequestLimits,
     check_request,
@@ -69,6 +72,15 @@ def parse_route(name: str, variants: Any) -> tuple[RouteVariant, ...] | None:
         raise InvalidInput("'variants' must be a list of {version or model, weight}")
     try:
         return parse(Config, {"routes": {name: variants}}, "route").routes[name]
+    except ConfigError as error:
+        raise InvalidInput(str(error)) from None
+
+
+def parse_shadow(name: str, config: Any) -> ShadowConfig | None:
+    if config is None:
+        return None
+    try:
+        return parse(Config, {"shadows": {name: config}}, "shadow").shadows[name]
     except ConfigError as error:
         raise InvalidInput(str(error)) from None
 
@@ -109,6 +121,12 @@ class Cluster(Protocol):
 
     async def route(self, name: str, variants: list[dict[str, Any]] | None) -> None: ...
 
+    async def shadow(self, name: str, config: dict[str, Any] | None) -> None: ...
+
+    async def canaries(self) -> dict[str, Any]: ...
+
+    async def canary(self, name: str, action: str) -> dict[str, Any]: ...
+
     async def index(self) -> list[dict[str, str]]: ...
 
     async def statistics(self, name: str | None, version: str | None) -> dict[str, Any]: ...
@@ -128,10 +146,12 @@ class InferenceService:
         cluster: Cluster | None = None,
         limits: RequestLimits | None = None,
         shadows: Mapping[str, ShadowConfig] | None = None,
+        canaries: Canaries | None = None,
     ) -> None:
         self.registry = registry
         self.limits = limits or RequestLimits()
         self.shadows = Shadows(registry, router, metrics, shadows or {})
+        self._canaries = canaries  # this process's, when it is the whole server (else the supervisor's)
         self.router = router
         self.residency = residency
         self.metrics = metrics
@@ -302,6 +322,30 @@ class InferenceService:
 
     def routes(self) -> dict[str, Any]:
         return {name: route.describe() for name, route in self.router.routes().items()}
+
+    async def set_shadow(self, name: str, config: dict[str, Any] | None) -> None:
+        """Replace (or with None, remove) the shadow of ``name``; with workers, on every worker."""
+        parse_shadow(name, config)
+        if self._cluster is not None:
+            await self._cluster.shadow(name, config)
+        else:
+            self.local_shadow(name, config)
+
+    def local_shadow(self, name: str, config: dict[str, Any] | None) -> None:
+        self.shadows.set(name, parse_shadow(name, config))
+
+    async def canary_states(self) -> dict[str, Any]:
+        if self._cluster is not None:
+            return await self._cluster.canaries()
+        return self._canaries.states() if self._canaries is not None else {}
+
+    async def canary_action(self, name: str, action: str) -> dict[str, Any]:
+        """``start``, ``pause``, ``resume``, ``promote`` or ``abort`` the canary of ``name``."""
+        if self._cluster is not None:
+            return await self._cluster.canary(name, action)
+        if self._canaries is None:
+            raise ModelNotFound(f"model {name!r} has no canary (canaries.{name} in the config)")
+        return await self._canaries.act(name, action)
 
     async def local_load(self, name: str, override: dict[str, Any] | None = None) -> None:
         loop = asyncio.get_running_loop()

@@ -93,6 +93,13 @@ class Shadows:
         self._metrics = metrics
         self._configs = dict(configs)
 
+    def set(self, name: str, config: ShadowConfig | None) -> None:
+        """Replace (or with None, remove) the shadow of ``name``."""
+        if config is None:
+            self._configs.pop(name, None)
+        else:
+            self._configs[name] = config
+
     def mirror(
         self, asked: str, primary: ModelVersion, request: InferRequest, answer: asyncio.Future[Tensors]
     ) -> None:

@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer.backends import LoadContext
+from edgeinfer.canary import Canaries, stable_version
 from edgeinfer.config import Config, ModelConfig, ServerConfig, parse
 from edgeinfer.errors import ConfigError
 from edgeinfer.logs import AccessLog, setup_logging
-from edgeinfer.metrics import Metrics
+from edgeinfer.metrics import Metrics, Snapshot
 from edgeinfer.repository.poller import RepositoryPoller
 from edgeinfer.repository.registry import Registry
 from edgeinfer.repository.remote import S3Mirror, is_remote
@@ -89,6 +90,7 @@ class Server:
         self._grpc_stopping: asyncio.Future[None] | None = None
         self._poller: RepositoryPoller | None = None
         self._security: Security | None = None
+        self._canaries: Canaries | None = None
         self._http_socket: socket.socket | None = None
         self._started = False
 
@@ -127,6 +129,24 @@ class Server:
             await service.local_load(name)
 
         registry = Registry(metrics, LoadContext(run_step=run_step))
+        canaries = None
+        if config.canaries and cluster is None:  # with workers the supervisor runs them (one decision)
+
+            async def snapshot() -> Snapshot:
+                assert service is not None
+                return service.local_metrics()
+
+            async def apply(name: str, route: Any, shadow: Any) -> None:
+                assert service is not None
+                await service.set_route(name, route)
+                await service.set_shadow(name, shadow)
+
+            async def stable_of(name: str, candidate: str) -> str:
+                assert service is not None
+                return stable_version(await service.repository_index(), name, candidate)
+
+            canaries = Canaries(config.canaries, config.repository.cache_path, snapshot, apply, stable_of)
+        self._canaries = canaries
         residency = Residency(registry, config.residency, load_local)
         access_log = AccessLog(config.logging.access_log, config.logging.access_log_sample_rate)
         limits = config.server.limits
@@ -141,6 +161,7 @@ class Server:
             cluster,
             request_limits,
             config.shadows,
+            canaries,
         )
         return service
 
@@ -182,6 +203,8 @@ class Server:
             await self.stop()
             raise
         service.residency.start()
+        if self._canaries is not None:
+            await self._canaries.start()
         if worker is None:
             self._start_poller()
         else:
@@ -271,6 +294,8 @@ class Server:
             service.set_ready(False)
         if self._security is not None:
             self._security.stop_watching()
+        if self._canaries is not None:
+            await self._canaries.stop()
         if self._poller is not None:
             await self._poller.stop()
             self._poller = None

@@ -22,6 +22,8 @@ Routes::
     GET  /v2/routes                                every weighted route (docs/rollouts.md)
     PUT  /v2/routes/{m}                            set a route: {"variants": [{version|model, weight}]}
     DELETE /v2/routes/{m}                          remove a route
+    GET  /v2/canaries                              every canary's state
+    POST /v2/canaries/{m}/{action}                 start, pause, resume, promote, abort
 """
 
 from __future__ import annotations
@@ -197,6 +199,8 @@ class V2Routes:
                 return self._repository(request, parts)
             if len(parts) <= 3 and parts[1:2] == ["routes"]:
                 return self._routes(request, parts)
+            if parts[1:2] == ["canaries"]:
+                return self._canaries(request, parts)
             if len(parts) >= 3 and parts[1] == "models":
                 return self._model_route(request, parts)
             if parts == ["v2"]:
@@ -262,6 +266,18 @@ class V2Routes:
         return _when_done(
             service.set_route(parts[2], variants), lambda _: _json(200, {"routes": service.routes()})
         )
+
+    def _canaries(
+        self, request: HttpRequest, parts: list[str]
+    ) -> HttpResponse | asyncio.Future[HttpResponse]:
+        service = self.service
+        if len(parts) == 2:
+            _allow(request, "GET")
+            return _when_done(service.canary_states(), lambda states: _json(200, {"canaries": states}))
+        if len(parts) == 4:
+            _allow(request, "POST")
+            return _when_done(service.canary_action(parts[2], parts[3]), lambda state: _json(200, state))
+        raise RouteNotFound(f"no route for {request.method} {request.path}")
 
     def _model_route(
         self, request: HttpRequest, parts: list[str]

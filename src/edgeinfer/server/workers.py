@@ -46,10 +46,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer.batching.stats import merge_statistics
-from edgeinfer.errors import ConfigError, EdgeInferError, InvalidInput, ModelLoadError, startup_failure
+from edgeinfer.canary import Canaries, stable_version
+from edgeinfer.errors import (
+    ConfigError,
+    EdgeInferError,
+    InvalidInput,
+    ModelLoadError,
+    ModelNotFound,
+    startup_failure,
+)
 from edgeinfer.exposition import exposition, sum_process_stats
 from edgeinfer.logs import tag_worker
-from edgeinfer.metrics import Metrics, WorkerGauges, merge, process_stats
+from edgeinfer.metrics import Metrics, Snapshot, WorkerGauges, merge, process_stats
 from edgeinfer.server.http import MetricsRoutes, error_response
 from edgeinfer.server.http_protocol import HttpRequest, HttpResponse, HttpServer
 from edgeinfer.server.ipc import Channel
@@ -117,6 +125,8 @@ class Supervisor:
         self._security: Security | None = None
         self._applied: dict[str, tuple[str, dict[str, Any] | None]] = {}  # replayed to new workers
         self._routes: dict[str, list[dict[str, Any]] | None] = {}  # routes set at run time, replayed too
+        self._shadows: dict[str, dict[str, Any] | None] = {}  # shadows set at run time, replayed too
+        self._canaries: Canaries | None = None  # one controller for all workers: one decision
         self._inherited_only: list[int] = []  # supervisor-side descriptors a worker closes at once
         self._startup_fd = -1
         self._poller: RepositoryPoller | None = None
@@ -243,6 +253,9 @@ class Supervisor:
             "load": self.load,
             "unload": self.unload,
             "route": self.route,
+            "shadow": self.shadow,
+            "canaries": self.canaries,
+            "canary": self.canary,
             "index": self.index,
             "statistics": self.statistics,
             "metrics": self.metrics_text,
@@ -260,6 +273,8 @@ class Supervisor:
                         await worker.channel.call("local_unload", name=name)
             for name, variants in list(self._routes.items()):
                 await worker.channel.call("local_route", name=name, variants=variants)
+            for name, config in list(self._shadows.items()):
+                await worker.channel.call("local_shadow", name=name, config=config)
             worker.ready = True
             log.info("worker %d (pid %d) is serving again", worker.index, worker.pid)
             return
@@ -277,6 +292,12 @@ class Supervisor:
             self._inherited_only.remove(self._startup_fd)  # closed: its number may be reused
         self._serving = True
         log.info("all %d workers are ready", self._count)
+        config = self._server.config
+        if config.canaries:
+            self._canaries = Canaries(
+                config.canaries, config.repository.cache_path, self.snapshot, self._apply, self._stable_of
+            )
+            await self._canaries.start()
         for worker in self._workers:
             if worker.serve is not None and not worker.serve.done():
                 worker.serve.set_result(None)
@@ -375,6 +396,8 @@ class Supervisor:
     async def _shutdown(self) -> None:
         if self._security is not None:
             self._security.stop_watching()
+        if self._canaries is not None:
+            await self._canaries.stop()
         for server in (self._startup, self._metrics_http):
             if server is not None:
                 await server.stop()
@@ -413,6 +436,27 @@ class Supervisor:
         self._routes[name] = variants  # None: removed (a replacement worker must drop the config's too)
         await self._on_all("local_route", name=name, variants=variants)
 
+    async def shadow(self, name: str, config: dict[str, Any] | None) -> None:
+        self._shadows[name] = config
+        await self._on_all("local_shadow", name=name, config=config)
+
+    async def canaries(self) -> dict[str, Any]:
+        return self._canaries.states() if self._canaries is not None else {}
+
+    async def canary(self, name: str, action: str) -> dict[str, Any]:
+        if self._canaries is None:
+            raise ModelNotFound(f"model {name!r} has no canary (canaries.{name} in the config)")
+        return await self._canaries.act(name, action)
+
+    async def _apply(
+        self, name: str, route: list[dict[str, Any]] | None, shadow: dict[str, Any] | None
+    ) -> None:
+        await self.route(name, route)
+        await self.shadow(name, shadow)
+
+    async def _stable_of(self, name: str, candidate: str) -> str:
+        return stable_version(await self.index(), name, candidate)
+
     async def index(self) -> list[dict[str, str]]:
         return merge_indexes(await self._on_all("local_index"))
 
@@ -428,6 +472,17 @@ class Supervisor:
                 for (name, version), entries in per_version.items()
             ]
         }
+
+    async def snapshot(self) -> Snapshot:
+        """The whole server's metrics as data (what the canaries decide on)."""
+        workers = self._serving_workers()
+        answers = await asyncio.gather(
+            *(worker.channel.call("snapshot") for worker in workers if worker.channel is not None),
+            return_exceptions=True,
+        )
+        snapshots = [self._own.snapshot(())]
+        snapshots += [answer["metrics"] for answer in answers if not isinstance(answer, BaseException)]
+        return merge(snapshots)
 
     async def metrics(self) -> bytes:
         workers = self._serving_workers()
@@ -518,6 +573,7 @@ class WorkerLink:
                 "local_load": self._local_load,
                 "local_unload": self._local_unload,
                 "local_route": self._local_route,
+                "local_shadow": self._local_shadow,
                 "local_index": self._local_index,
                 "local_statistics": self._local_statistics,
                 "snapshot": self._snapshot,
@@ -550,6 +606,17 @@ class WorkerLink:
     async def route(self, name: str, variants: list[dict[str, Any]] | None) -> None:
         await self._channel.call("route", name=name, variants=variants)
 
+    async def shadow(self, name: str, config: dict[str, Any] | None) -> None:
+        await self._channel.call("shadow", name=name, config=config)
+
+    async def canaries(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self._channel.call("canaries")
+        return result
+
+    async def canary(self, name: str, action: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self._channel.call("canary", name=name, action=action)
+        return result
+
     async def index(self) -> list[dict[str, str]]:
         result: list[dict[str, str]] = await self._channel.call("index")
         return result
@@ -571,6 +638,9 @@ class WorkerLink:
 
     async def _local_route(self, name: str, variants: list[dict[str, Any]] | None) -> None:
         self._local().local_route(name, variants)
+
+    async def _local_shadow(self, name: str, config: dict[str, Any] | None) -> None:
+        self._local().local_shadow(name, config)
 
     async def _local_index(self) -> list[dict[str, str]]:
         return self._local().local_index()
