@@ -334,6 +334,9 @@ class InferenceService:
     def local_shadow(self, name: str, config: dict[str, Any] | None) -> None:
         self.shadows.set(name, parse_shadow(name, config))
 
+    def shadow_configs(self) -> dict[str, Any]:
+        return {name: config.model_dump(exclude_none=True) for name, config in self.shadows.configs().items()}
+
     async def canary_states(self) -> dict[str, Any]:
         if self._cluster is not None:
             return await self._cluster.canaries()

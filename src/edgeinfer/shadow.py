@@ -93,6 +93,9 @@ class Shadows:
         self._metrics = metrics
         self._configs = dict(configs)
 
+    def configs(self) -> dict[str, ShadowConfig]:
+        return dict(self._configs)
+
     def set(self, name: str, config: ShadowConfig | None) -> None:
         """Replace (or with None, remove) the shadow of ``name``."""
         if config is None:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from tests.support import ServerProcess, infer_body, matmul_model, request, save_model, scrape
+from tests.support import ServerProcess, infer_body, matmul_model, request, save_model, scrape, slow_model
 
 CANARY = "{version: 2, steps: [10, 50, 100], interval_s: 1, min_requests: 20, %s}"
 LIMITS = {
@@ -26,6 +26,7 @@ LIMITS = {
     "differs": "max_disagreement: 0.2",
     "healthy": "max_error_rate: 0.01, max_disagreement: 0.01",
     "quiet": "max_error_rate: 0.01",
+    "slow": "max_p99_ms: 5",  # the candidate takes 200 x 128^3 multiply-adds a row: tens of ms, not < 1
 }
 
 
@@ -75,7 +76,9 @@ def make_repository(root: Path) -> Path:
     for name, seeds in (("differs", (1, 2)), ("healthy", (1, 1)), ("quiet", (1, 1))):
         for version, seed in enumerate(seeds, start=1):
             matmul_model(repo / name / str(version) / "model.onnx", seed=seed)
-    for name in ("errs", "differs", "healthy", "quiet"):
+    matmul_model(repo / "slow" / "1" / "model.onnx", size=128)
+    slow_model(repo / "slow" / "2" / "model.onnx", repeats=200, size=128)
+    for name in ("errs", "differs", "healthy", "quiet", "slow"):
         (repo / name / "config.yaml").write_text("version_policy: {kind: all}\nmax_batch_size: 0\n")
     return repo
 
@@ -162,6 +165,16 @@ def test_a_candidate_that_disagrees_is_rolled_back(server: ServerProcess):
     assert set(statuses) == {200}
     assert state(server, "differs")["status"] == "rolled_back"
     assert "compared rows disagree" in state(server, "differs")["reason"]
+
+
+def test_a_slow_candidate_is_rolled_back(server: ServerProcess):
+    def body(index: int) -> dict:
+        return infer_body({"X": np.ones((1, 128), np.float32)})
+
+    statuses = drive(server, "slow", lambda: state(server, "slow")["status"] != "running", 20, body)
+    assert set(statuses) == {200}
+    assert state(server, "slow")["status"] == "rolled_back"
+    assert "over max_p99_ms 5" in state(server, "slow")["reason"]
 
 
 def test_a_healthy_candidate_is_promoted_step_by_step(server: ServerProcess):

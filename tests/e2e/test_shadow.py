@@ -120,3 +120,22 @@ def test_under_load_mirrors_are_dropped_first(server: ServerProcess):
     assert statuses == [200] * 80
     dropped = value(shadow_samples(server, "primary"), "edgeinfer_shadow_requests_total", result="dropped")
     assert dropped - before >= 40
+
+
+def test_shadows_change_at_run_time(server: ServerProcess):
+    assert request(server.port, "GET", "/v2/shadows").json()["shadows"]["same"] == {
+        "version": "2",
+        "share": 1.0,
+    }
+    reply = request(server.port, "PUT", "/v2/shadows/same", {"version": 2, "share": 0.5})
+    assert reply.status == 200, reply.body
+    assert reply.json()["shadows"]["same"] == {"version": "2", "share": 0.5}
+    bad = request(server.port, "PUT", "/v2/shadows/same", {"version": 2, "share": 2})
+    assert bad.status == 400
+    assert "shadows.same.share" in bad.error
+    assert request(server.port, "DELETE", "/v2/shadows/same").status == 200
+    before = settled(server, "same")
+    for _ in range(10):
+        send(server, "same", np.ones((1, 16), np.float32))
+    assert settled(server, "same") == before, "no shadow: nothing mirrored"
+    assert request(server.port, "PUT", "/v2/shadows/same", {"version": 2}).status == 200

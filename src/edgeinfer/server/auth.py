@@ -3,7 +3,7 @@
 Roles, each a group of routes (a key may hold several):
 
     infer    inference, model metadata, readiness, health, server metadata, model config
-    admin    the repository API (index, load, unload), routes, canaries and statistics
+    admin    the repository API (index, load, unload), routes, shadows, canaries and statistics
     metrics  the Prometheus scrape (on the HTTP port and the metrics port)
 
 A key is sent as ``Authorization: Bearer <key>`` (or ``X-API-Key: <key>``) over HTTP and as the same
@@ -163,7 +163,7 @@ def http_role(path: str) -> str:
     """The role an HTTP path needs (the method does not matter: a wrong one is 405 after the check)."""
     if path.rstrip("/") == "/metrics":
         return "metrics"
-    if path.startswith(("/v2/repository", "/v2/routes", "/v2/canaries")):
+    if path.startswith(("/v2/repository", "/v2/routes", "/v2/shadows", "/v2/canaries")):
         return "admin"
     if path.startswith("/v2/models") and path.rstrip("/").endswith("/stats"):
         return "admin"

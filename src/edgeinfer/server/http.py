@@ -22,6 +22,7 @@ Routes::
     GET  /v2/routes                                every weighted route (docs/rollouts.md)
     PUT  /v2/routes/{m}                            set a route: {"variants": [{version|model, weight}]}
     DELETE /v2/routes/{m}                          remove a route
+    GET  /v2/shadows, PUT|DELETE /v2/shadows/{m}   shadow candidates: {"version"|"model", "share"}
     GET  /v2/canaries                              every canary's state
     POST /v2/canaries/{m}/{action}                 start, pause, resume, promote, abort
 """
@@ -201,6 +202,8 @@ class V2Routes:
                 return self._routes(request, parts)
             if parts[1:2] == ["canaries"]:
                 return self._canaries(request, parts)
+            if len(parts) <= 3 and parts[1:2] == ["shadows"]:
+                return self._shadows(request, parts)
             if len(parts) >= 3 and parts[1] == "models":
                 return self._model_route(request, parts)
             if parts == ["v2"]:
@@ -265,6 +268,21 @@ class V2Routes:
         variants = document.get("variants")
         return _when_done(
             service.set_route(parts[2], variants), lambda _: _json(200, {"routes": service.routes()})
+        )
+
+    def _shadows(self, request: HttpRequest, parts: list[str]) -> HttpResponse | asyncio.Future[HttpResponse]:
+        service = self.service
+        if len(parts) == 2:
+            _allow(request, "GET")
+            return _json(200, {"shadows": service.shadow_configs()})
+        if request.method == "DELETE":
+            return _when_done(service.set_shadow(parts[2], None), lambda _: _json(200, {}))
+        if request.method not in ("PUT", "POST"):
+            raise MethodNotAllowed(request.method, "PUT, DELETE")
+        document = json_codec.loads_object(request.body, "request body")
+        return _when_done(
+            service.set_shadow(parts[2], document),
+            lambda _: _json(200, {"shadows": service.shadow_configs()}),
         )
 
     def _canaries(
