@@ -175,33 +175,32 @@ def test_header_size_and_count(limited: ServerProcess):
     still_serving(limited)
 
 
+def trickle(port: int, head: bytes, piece: bytes) -> bytes:
+    """Send ``head``, then ``piece`` every 0.1 s (for 2 s at most) until the server answers and closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head)
+        for _ in range(20):
+            try:
+                sock.sendall(piece)
+            except OSError:  # the server answered and closed
+                break
+            time.sleep(0.1)
+        return read_all(sock)
+
+
 def test_slow_clients_are_answered_408(limited: ServerProcess):
     """Slowloris: headers that never end, a body that trickles; both are cut at their deadline."""
     before = refusals(limited, "header_timeout"), refusals(limited, "body_timeout")
     started = time.monotonic()
-    with socket.create_connection(("127.0.0.1", limited.port), timeout=10) as sock:
-        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")
-        for _ in range(20):  # a header line every 0.1 s: the connection is never idle
-            try:
-                sock.sendall(b"X-Slow: 1\r\n")
-            except OSError:
-                break
-            time.sleep(0.1)
-        answer = read_all(sock)
+    # a header line every 0.1 s: the connection is never idle
+    answer = trickle(limited.port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n", b"X-Slow: 1\r\n")
     assert status_and_error(answer) == (
         408,
         f"request headers not complete within {TIMEOUT_S:g} s (server.limits.header_timeout_s)",
     )
     assert time.monotonic() - started < TIMEOUT_S + 3
-    with socket.create_connection(("127.0.0.1", limited.port), timeout=10) as sock:
-        sock.sendall(b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
-        for _ in range(20):
-            try:
-                sock.sendall(b"{")
-            except OSError:
-                break
-            time.sleep(0.1)
-        answer = read_all(sock)
+    head = b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+    answer = trickle(limited.port, head, b"{")
     assert status_and_error(answer) == (
         408,
         f"request body not complete within {TIMEOUT_S:g} s (server.limits.body_timeout_s)",

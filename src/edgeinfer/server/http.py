@@ -256,34 +256,18 @@ class V2Routes:
         raise RouteNotFound(f"no route for {request.method} {request.path}")
 
     def _routes(self, request: HttpRequest, parts: list[str]) -> HttpResponse | asyncio.Future[HttpResponse]:
+        """``/v2/routes[/{m}]``: the body's ``variants``."""
         service = self.service
-        if len(parts) == 2:
-            _allow(request, "GET")
-            return _json(200, {"routes": service.routes()})
-        if request.method == "DELETE":
-            return _when_done(service.set_route(parts[2], None), lambda _: _json(200, {}))
-        if request.method not in ("PUT", "POST"):
-            raise MethodNotAllowed(request.method, "PUT, DELETE")
-        document = json_codec.loads_object(request.body, "request body")
-        variants = document.get("variants")
-        return _when_done(
-            service.set_route(parts[2], variants), lambda _: _json(200, {"routes": service.routes()})
-        )
+
+        def set_route(name: str, body: dict[str, Any] | None) -> Awaitable[None]:
+            return service.set_route(name, None if body is None else body.get("variants"))
+
+        return _per_model_setting(request, parts, "routes", service.routes, set_route)
 
     def _shadows(self, request: HttpRequest, parts: list[str]) -> HttpResponse | asyncio.Future[HttpResponse]:
+        """``/v2/shadows[/{m}]``: the body is the shadow's config."""
         service = self.service
-        if len(parts) == 2:
-            _allow(request, "GET")
-            return _json(200, {"shadows": service.shadow_configs()})
-        if request.method == "DELETE":
-            return _when_done(service.set_shadow(parts[2], None), lambda _: _json(200, {}))
-        if request.method not in ("PUT", "POST"):
-            raise MethodNotAllowed(request.method, "PUT, DELETE")
-        document = json_codec.loads_object(request.body, "request body")
-        return _when_done(
-            service.set_shadow(parts[2], document),
-            lambda _: _json(200, {"shadows": service.shadow_configs()}),
-        )
+        return _per_model_setting(request, parts, "shadows", service.shadow_configs, service.set_shadow)
 
     def _canaries(
         self, request: HttpRequest, parts: list[str]
@@ -391,6 +375,25 @@ class V2Routes:
             reply.body = http_compression.compress(body, encoding)
             reply.headers.append((b"content-encoding", encoding))
         return _with_id(reply, call.outcome.request_id)
+
+
+def _per_model_setting(
+    request: HttpRequest,
+    parts: list[str],
+    key: str,
+    listing: Callable[[], dict[str, Any]],
+    setter: Callable[[str, Any], Awaitable[None]],
+) -> HttpResponse | asyncio.Future[HttpResponse]:
+    """``GET /v2/<key>`` lists; ``PUT /v2/<key>/{m}`` sets from the JSON body; ``DELETE`` removes."""
+    if len(parts) == 2:
+        _allow(request, "GET")
+        return _json(200, {key: listing()})
+    if request.method == "DELETE":
+        return _when_done(setter(parts[2], None), lambda _: _json(200, {}))
+    if request.method not in ("PUT", "POST"):
+        raise MethodNotAllowed(request.method, "PUT, DELETE")
+    document = json_codec.loads_object(request.body, "request body")
+    return _when_done(setter(parts[2], document), lambda _: _json(200, {key: listing()}))
 
 
 def _with_id(reply: HttpResponse, request_id: str) -> HttpResponse:
