@@ -448,7 +448,7 @@ class InferenceService:
                 version = version or ""
             metrics = self.metrics.model(name, version)
         metrics.request_done(outcome.protocol, status, total_s, outcome.decode_s, outcome.encode_s)
-        if isinstance(outcome.error, LimitExceeded) and outcome.error.limit:
+        if outcome.error is not None and isinstance(outcome.error, LimitExceeded) and outcome.error.limit:
             self.metrics.limit_refused(outcome.error.limit)
         if status == "success":
             self.router.observe(outcome.model, total_s)
@@ -534,7 +534,8 @@ class InferenceCall:
             entry.name, backend.inputs, backend.outputs, serving.policy.max_batch_size > 0, request
         )
         outcome.rows, outcome.metrics = checked.rows, entry.recorder.metrics
-        check_rows(checked.rows, service.limits)
+        if checked.rows > service.limits.max_rows:
+            check_rows(checked.rows, service.limits)
         self._model, self._version = entry.name, entry.version  # a fallback's, or another routed model's
         self._output_parameters = serving.output_parameters
         work = Work(
@@ -548,7 +549,8 @@ class InferenceCall:
             trace=outcome.trace,
             stream=parse_stream(request.parameters),
         )
-        service.shadows.mirror(outcome.model, entry, request, answer)
+        if service.shadows.active:
+            service.shadows.mirror(outcome.model, entry, request, answer)
         return answer
 
     async def _load_then_queue(self, request: InferRequest, deadline_s: float | None) -> Tensors:
@@ -574,7 +576,7 @@ class InferenceCall:
                 model_version=self._version,
                 outputs=outputs,
                 id=request.id,
-                parameters=self._substitution(),
+                parameters=self._substitution() if self._model != self.outcome.model else {},
                 requested=request.outputs,
                 output_parameters=self._output_parameters,
             )

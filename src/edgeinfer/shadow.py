@@ -92,6 +92,7 @@ class Shadows:
         self._router = router
         self._metrics = metrics
         self._configs = dict(configs)
+        self.active = bool(self._configs)  # read on every request: False costs nothing more
 
     def configs(self) -> dict[str, ShadowConfig]:
         return dict(self._configs)
@@ -102,6 +103,7 @@ class Shadows:
             self._configs.pop(name, None)
         else:
             self._configs[name] = config
+        self.active = bool(self._configs)
 
     def mirror(
         self, asked: str, primary: ModelVersion, request: InferRequest, answer: asyncio.Future[Tensors]

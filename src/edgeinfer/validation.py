@@ -10,6 +10,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from edgeinfer.errors import InvalidInput, TooLarge
 from edgeinfer.protocol.datatypes import v2_datatype
 from edgeinfer.protocol.types import InferRequest, TensorSpec
@@ -22,6 +24,9 @@ class Checked:
     rows: int
     group: Hashable
     output_names: frozenset[str] | None
+
+
+_OBJECT = np.dtype(object)  # BYTES tensors' dtype (numpy keeps one instance of it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +43,7 @@ def check_sizes(request: InferRequest, limits: RequestLimits) -> None:
     elements = 0
     for name, array in request.inputs.items():
         elements += array.size
-        if array.dtype.kind == "O" and array.size:
+        if array.dtype is _OBJECT and array.size:
             longest = max(map(len, array.ravel()))  # BYTES: bytes objects, measured at C speed
             if longest > limits.max_bytes_element:
                 raise TooLarge(

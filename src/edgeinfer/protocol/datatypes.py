@@ -77,7 +77,8 @@ def check_shape(name: str, shape: tuple[int, ...]) -> None:
         raise InvalidInput(
             f"input {name!r}: shape has {len(shape)} dimensions; at most {MAX_DIMS} are supported"
         )
-    if any(dim < 0 for dim in shape):
+    if shape and min(shape) < 0:
         raise InvalidInput(f"input {name!r}: shape {list(shape)} has a negative dimension")
-    if math.prod(dim for dim in shape if dim) > _MAX_ELEMENTS:
+    elements = math.prod(shape)  # at C speed: the common case ends here
+    if elements > _MAX_ELEMENTS or (elements == 0 and math.prod(d for d in shape if d) > _MAX_ELEMENTS):
         raise InvalidInput(f"input {name!r}: shape {list(shape)} is too large for any tensor")

@@ -57,7 +57,9 @@ def decode_request(
             f"the body has {len(binary)} bytes after the JSON header but the inputs' binary_data_size "
             f"add up to {offset}"
         )
-    return json_codec.decode_request_object(document, binary_inputs, max_depth)
+    header = view[:header_length]
+    depth_limit = max_depth if json_codec.may_nest_deeper(header, max_depth) else None
+    return json_codec.decode_request_object(document, binary_inputs, depth_limit)
 
 
 def binary_outputs(response: InferResponse, request_parameters: dict[str, Any]) -> set[str]:

@@ -76,13 +76,21 @@ def _simdjson() -> ModuleType | None:
 
 def decode_request(body: bytes | bytearray | memoryview, max_depth: int = MAX_DEPTH) -> InferRequest:
     """Decode a V2 inference request whose tensors are all in JSON."""
+    depth_limit = max_depth if may_nest_deeper(body, max_depth) else None
     if len(body) >= LARGE_BODY_BYTES and _simdjson() is not None:
-        return _decode_large(bytes(body), max_depth)
+        return _decode_large(bytes(body), depth_limit)
     document = loads_object(body)
-    return decode_request_object(document, binary_inputs=None, max_depth=max_depth)
+    return decode_request_object(document, binary_inputs=None, max_depth=depth_limit)
 
 
-def _decode_large(body: bytes, max_depth: int) -> InferRequest:
+def may_nest_deeper(raw: bytes | bytearray | memoryview, limit: int) -> bool:
+    """Whether ``raw`` has more opening brackets than ``limit``: if not, no nesting can exceed it and
+    the walk is skipped (a C-speed count, a fifth of what walking a small request costs)."""
+    data = raw if not isinstance(raw, memoryview) else raw.tobytes()
+    return data.count(b"[") + data.count(b"{") > limit
+
+
+def _decode_large(body: bytes, max_depth: int | None) -> InferRequest:
     """Parse with simdjson: numeric tensors become arrays without Python floats, the rest plain values."""
     simdjson = _simdjson()
     assert simdjson is not None
@@ -157,10 +165,12 @@ def _typed_array(header: dict[str, Any], data: Any) -> np.ndarray | None:
 
 
 def decode_request_object(
-    document: dict[str, Any], binary_inputs: dict[str, np.ndarray] | None, max_depth: int = MAX_DEPTH
+    document: dict[str, Any], binary_inputs: dict[str, np.ndarray] | None, max_depth: int | None = MAX_DEPTH
 ) -> InferRequest:
-    """Build an InferRequest from a parsed body; ``binary_inputs`` holds tensors already decoded."""
-    check_depth(document, max_depth)
+    """Build an InferRequest from a parsed body; ``binary_inputs`` holds tensors already decoded.
+    ``max_depth`` None: the body cannot be nested that deep (``may_nest_deeper``), nothing to check."""
+    if max_depth is not None:
+        check_depth(document, max_depth)
     if not _REQUEST_FIELDS.issuperset(document):
         _ignore_fields(document.keys() - _REQUEST_FIELDS, "inference request")
     request_id = document.get("id")

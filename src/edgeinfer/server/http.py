@@ -196,16 +196,17 @@ class V2Routes:
         service = self.service
         head = parts[0]
         if head == "v2":
-            if len(parts) >= 3 and parts[1] == "repository":
-                return self._repository(request, parts)
-            if len(parts) <= 3 and parts[1:2] == ["routes"]:
-                return self._routes(request, parts)
-            if parts[1:2] == ["canaries"]:
-                return self._canaries(request, parts)
-            if len(parts) <= 3 and parts[1:2] == ["shadows"]:
-                return self._shadows(request, parts)
-            if len(parts) >= 3 and parts[1] == "models":
+            second = parts[1] if len(parts) > 1 else ""
+            if second == "models" and len(parts) >= 3:  # inference: checked first
                 return self._model_route(request, parts)
+            if second == "repository" and len(parts) >= 3:
+                return self._repository(request, parts)
+            if second == "routes" and len(parts) <= 3:
+                return self._routes(request, parts)
+            if second == "shadows" and len(parts) <= 3:
+                return self._shadows(request, parts)
+            if second == "canaries":
+                return self._canaries(request, parts)
             if parts == ["v2"]:
                 _allow(request, "GET")
                 return _json(200, service.server_metadata())

@@ -129,6 +129,8 @@ class HttpConnection(asyncio.Protocol):
         self._headers: dict[bytes, bytes] = {}
         self._header_bytes = 0
         self._header_count = 0
+        self._max_header_bytes = state.limits.max_header_bytes  # read per header: kept at hand
+        self._max_headers = state.limits.max_headers
         self._reading: str | None = None  # "headers" or "body" while a request is being received
         self._reading_since = 0.0
         self._body: list[bytes] = []
@@ -200,11 +202,10 @@ class HttpConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.lower()] = value
-        self._count_header_bytes(len(name) + len(value))
+        self._header_bytes += len(name) + len(value)
         self._header_count += 1
-        if self._header_count > self._state.limits.max_headers:
-            limit = self._state.limits.max_headers
-            self._refuse(431, f"more than {limit} header fields (server.limits.max_headers)", "header_count")
+        if self._header_bytes > self._max_header_bytes or self._header_count > self._max_headers:
+            self._headers_over()
 
     def on_headers_complete(self) -> None:
         self._reading, self._reading_since = "body", time.monotonic()
@@ -315,10 +316,16 @@ class HttpConnection(asyncio.Protocol):
 
     def _count_header_bytes(self, size: int) -> None:
         self._header_bytes += size
-        limit = self._state.limits.max_header_bytes
-        if self._header_bytes > limit:
+        if self._header_bytes > self._max_header_bytes:
+            self._headers_over()
+
+    def _headers_over(self) -> None:
+        if self._header_bytes > self._max_header_bytes:
+            limit = self._max_header_bytes
             message = f"request line and headers exceed {limit} bytes (server.limits.max_header_bytes)"
             self._refuse(431, message, "header_size")
+        limit = self._max_headers
+        self._refuse(431, f"more than {limit} header fields (server.limits.max_headers)", "header_count")
 
     def _pause_reading(self) -> None:
         if not self._reading_paused and self._transport is not None:
