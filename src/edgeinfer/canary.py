@@ -330,8 +330,7 @@ class Canaries:
                 if state.status != "running":
                     continue
                 config = self._configs[state.model]
-                started, before = self._window_start.get(state.model, (now, now_snapshot))
-                self._window_start.setdefault(state.model, (started, before))
+                started, before = self._window_start[state.model]  # set by _enforce at every step
                 candidate = window(before, now_snapshot, state.model, state.version)
                 stable = window(before, now_snapshot, state.model, state.stable)
                 compared, disagreeing = disagreement(

@@ -70,17 +70,18 @@ def parse_route(name: str, variants: Any) -> tuple[RouteVariant, ...] | None:
         return None
     if not isinstance(variants, list):
         raise InvalidInput("'variants' must be a list of {version or model, weight}")
-    try:
-        return parse(Config, {"routes": {name: variants}}, "route").routes[name]
-    except ConfigError as error:
-        raise InvalidInput(str(error)) from None
+    return _config_entry("routes", name, variants).routes[name]
 
 
 def parse_shadow(name: str, config: Any) -> ShadowConfig | None:
-    if config is None:
-        return None
+    """A shadow set at run time (the config's ``shadows.<name>`` layout)."""
+    return None if config is None else _config_entry("shadows", name, config).shadows[name]
+
+
+def _config_entry(key: str, name: str, value: Any) -> Config:
+    """``value`` checked as the config's ``<key>.<name>`` would be; its errors are the client's."""
     try:
-        return parse(Config, {"shadows": {name: config}}, "shadow").shadows[name]
+        return parse(Config, {key: {name: value}}, key)
     except ConfigError as error:
         raise InvalidInput(str(error)) from None
 
@@ -593,8 +594,6 @@ class InferenceCall:
         """Another model answered: ``fallback_from`` (the ladder stepped down) or ``routed_from`` (a
         route's variant) names the model the client asked for."""
         asked = self.outcome.model
-        if self._model == asked:
-            return {}
         why = "fallback_from" if self._service.router.is_fallback(asked, self._model) else "routed_from"
         return {why: asked}
 
