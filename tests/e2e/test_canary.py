@@ -229,7 +229,8 @@ def test_a_quiet_box_holds_its_step_and_the_api_steers(server: ServerProcess):
     assert (quiet["status"], quiet["share"]) == ("running", 10.0)
     post = lambda action: request(server.port, "POST", f"/v2/canaries/quiet/{action}")  # noqa: E731
     assert post("pause").json()["status"] == "paused"
-    assert post("pause").status == 400
+    twice = post("pause")
+    assert (twice.status, twice.error) == (400, "the canary of 'quiet' is paused: pause does not apply")
     assert post("resume").json()["status"] == "running"
     assert post("abort").json()["share"] == 0.0
     assert {
@@ -238,7 +239,16 @@ def test_a_quiet_box_holds_its_step_and_the_api_steers(server: ServerProcess):
     } == {"1"}
     assert post("start").json()["status"] == "running"
     assert post("abort").status == 200
-    assert request(server.port, "POST", "/v2/canaries/nothing/pause").status == 404
+    unknown = request(server.port, "POST", "/v2/canaries/nothing/pause")
+    assert (unknown.status, unknown.error) == (
+        404,
+        "model 'nothing' has no canary (canaries.nothing in the config)",
+    )
+    wrong = post("explode")
+    assert (wrong.status, wrong.error) == (
+        400,
+        "unknown canary action 'explode'; use one of start, pause, resume, promote, abort",
+    )
 
 
 def test_decisions_survive_a_restart(server: ServerProcess, root: Path):

@@ -127,7 +127,11 @@ def test_routes_change_at_run_time(server: ServerProcess):
         bad = request(server.port, "PUT", "/v2/routes/m", {"variants": [{"version": 1, "weight": 0}]})
         assert bad.status == 400
         assert "routes.m.0.weight" in bad.error
-        assert request(server.port, "PUT", "/v2/routes/m", {"variants": "all"}).status == 400
+        not_a_list = request(server.port, "PUT", "/v2/routes/m", {"variants": "all"})
+        assert (not_a_list.status, not_a_list.error) == (
+            400,
+            "'variants' must be a list of {version or model, weight}",
+        )
     finally:
         assert request(server.port, "DELETE", "/v2/routes/m").status == 200
     assert {answered_by(server, f"k{index}") for index in range(50)} == {"m/2"}, "no route: the highest"
