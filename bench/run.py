@@ -13,7 +13,11 @@
    ceiling) and `tiny` over JSON at 64; and a pure-Python model (bench/python_models.py) at
    concurrency 8 in a worker thread and in two process instances;
 5. the latency-objective cases (unless --no-slo): bench/slo.py, with its targets, ramp table and plot;
-6. prints the tables and writes them as JSON and Markdown under bench/results/ (latest.md). "vs
+6. routing (with `tiny`, JSON and concurrency 64 selected): what a weighted route costs per request, the
+   router's pick in-process (bench/routing.py) and end to end: `tiny` over JSON at concurrency 64
+   without a route and with a 90/10 route (both variants lead to a copy of `tiny`, so batching stays
+   the same), alternating, three pairs;
+7. prints the tables and writes them as JSON and Markdown under bench/results/ (latest.md). "vs
    in-process" divides the served rows/s by in-process rows/s at the measured batch size nearest the
    mean batch actually formed. With --reference (every case must be selected) the run becomes
    bench/results/reference.md, the README's table is regenerated from it and the ramp's plot becomes
@@ -23,12 +27,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -350,18 +356,20 @@ def nearest_limit(limits: dict[int, float], batch: float) -> float:
 
 def measure(
     server: Process, label: str, model: str, protocol: str, body: Body, concurrency: int, seconds: float,
-    pinned: bool, limits: dict[int, float], workers: int = 1,
+    pinned: bool, limits: dict[int, float], workers: int = 1, stats_model: str | None = None,
 ) -> Row:  # fmt: skip
+    """One case; ``stats_model``: the model whose batches count (another when a route sends it there)."""
     if protocol == "grpc":
         port, path, load = server.grpc_port, "/inference.GRPCInferenceService/ModelInfer", h2load
     else:
         port, path, load = server.port, f"/v2/models/{model}/infer", wrk
     load(port, path, body, concurrency, min(1.0, seconds), pinned)  # warm up connections and caches
-    rows_before, executions_before, successes_before = batch_counts(server.port, model)
+    stats_model = stats_model or model
+    rows_before, executions_before, successes_before = batch_counts(server.port, stats_model)
     cpu_before = server.cpu_s()
     result = load(port, path, body, concurrency, seconds, pinned)
     cpu = server.cpu_s() - cpu_before
-    rows_after, executions_after, successes_after = batch_counts(server.port, model)
+    rows_after, executions_after, successes_after = batch_counts(server.port, stats_model)
     requests = max(1, result["requests"])
     rate = result["requests"] / (result["duration_us"] / 1e6)
     executions = executions_after - executions_before
@@ -424,6 +432,9 @@ def edgeinfer_config(paths: dict[str, Path], threads: int, python: bool = False)
             "kind": "process",
             "instances": 2,
         }
+    else:
+        # a second copy of tiny: the routing case splits tiny's traffic 90/10 between the two
+        config["models"][ROUTED_TO] = config["models"]["tiny"]
     path = WORK / ("edgeinfer-python.yaml" if python else "edgeinfer.yaml")
     path.write_text(json.dumps(config))  # JSON is YAML
     return path
@@ -459,6 +470,83 @@ def edgeinfer_process(config: Path, workers: int) -> Process:
         port,
         grpc_port,
     )  # fmt: skip
+
+
+ROUTED_TO = "tiny_b"
+# both variants resolve to the copy (one by version, one as its latest): every request takes the routed
+# path, looked up and checked, while the batching stays what it is without a route (one model's batcher)
+ROUTE = {"variants": [{"model": ROUTED_TO, "version": "1", "weight": 90}, {"model": ROUTED_TO, "weight": 10}]}
+ROUTING_PAIRS = 3
+
+
+def set_route(port: int, route: dict | None) -> None:
+    """PUT (or, with None, DELETE) tiny's route through the running server's API."""
+    data = None if route is None else json.dumps(route).encode()
+    method = "DELETE" if route is None else "PUT"
+    call = urllib.request.Request(f"http://127.0.0.1:{port}/v2/routes/tiny", data=data, method=method)
+    with urllib.request.urlopen(call, timeout=5):
+        pass
+
+
+def routing(server: Process, duration: float, limits: dict[int, float]) -> tuple[list[Row], dict]:
+    """What a weighted route costs per request on `tiny` at concurrency 64.
+
+    The router's own pick is timed in-process (bench/routing.py: precise, a few microseconds). End to end,
+    the server's CPU per request is compared without a route and with a 90/10 route (no routing key:
+    each request draws its variant), in alternating runs so that the machine's drift hits both alike;
+    the spread of the runs without a route says how much of the difference is noise. The route's two
+    variants both lead to the copy of tiny, so batching is the same with and without it: a split across
+    two models would also pay for a second batcher's smaller batches, which is not the router's cost.
+    """
+    import routing as router_bench
+
+    with tempfile.TemporaryDirectory() as folder:
+        picks = asyncio.run(router_bench.measure(100_000, Path(folder)))
+    print("router pick per request (in-process): " + ", ".join(f"{k}: {v:.2f} us" for k, v in picks.items()))
+    rows: list[Row] = []
+    body = json_body("tiny")
+    for _ in range(ROUTING_PAIRS):
+        for routed in (False, True):
+            set_route(server.port, ROUTE if routed else None)
+            row = measure(server, "edgeinfer", "tiny", "json", body, 64, duration, False, limits,
+                          stats_model=ROUTED_TO if routed else "tiny")  # fmt: skip
+            row.server = "edgeinfer, route 90/10" if routed else "edgeinfer, no route"
+            rows.append(row)
+            print(table_line(row), flush=True)
+    set_route(server.port, None)
+    plain = [row.cpu_ms_per_request * 1000 for row in rows if row.server.endswith("no route")]
+    routed = [row.cpu_ms_per_request * 1000 for row in rows if not row.server.endswith("no route")]
+    rates = [(b.requests_per_s / a.requests_per_s) for a, b in zip(rows[::2], rows[1::2], strict=True)]
+    summary = {
+        "router_pick_us": {case: round(value, 2) for case, value in picks.items()},
+        "router_adds_us": {
+            case: round(value - picks["no route"], 2) for case, value in picks.items() if case != "no route"
+        },
+        "cpu_us_per_request_no_route": [round(value, 1) for value in plain],
+        "cpu_us_per_request_route": [round(value, 1) for value in routed],
+        "cpu_us_added_median": round(float(np.median(np.subtract(routed, plain))), 1),
+        "cpu_us_spread_no_route": round(max(plain) - min(plain), 1),
+        "req_per_s_route_vs_none_median": round(float(np.median(rates)), 3),
+    }
+    return rows, summary
+
+
+def routing_markdown(rows: list[Row], summary: dict) -> str:
+    adds = summary["router_adds_us"]
+    worst = max(adds.values())
+    return (
+        f"Routing (`tiny` JSON, concurrency 64, {ROUTING_PAIRS} alternating pairs; a 90/10 route whose "
+        "variants both lead to a copy of tiny, so that batching is the same; no routing key):\n\n"
+        f"- the router's pick, in-process: {summary['router_pick_us']['no route']:.2f} us without a route; "
+        "a route adds "
+        + ", ".join(f"{value:.2f} us ({case.removeprefix('route, ')})" for case, value in adds.items())
+        + f" (target < 5 us: {'met' if worst < 5 else 'not met'})\n"
+        f"- end to end, server CPU per request: {summary['cpu_us_per_request_no_route']} us without, "
+        f"{summary['cpu_us_per_request_route']} us with the route (median difference "
+        f"{summary['cpu_us_added_median']:+.1f} us; the runs without a route alone spread over "
+        f"{summary['cpu_us_spread_no_route']:.1f} us); req/s with / without: "
+        f"{summary['req_per_s_route_vs_none_median']:.3f} (median)\n\n{table(rows)}\n"
+    )
 
 
 # (model, concurrency): the cases measured with workers 1 and 2 (JSON, unpinned)
@@ -599,6 +687,8 @@ def main() -> None:
     }
 
     rows: list[Row] = []
+    routed_rows: list[Row] = []
+    routing_summary: dict = {}
     try:
         for model in wanted_models:
             for protocol in protocols:
@@ -617,6 +707,8 @@ def main() -> None:
                         server.pin("0-1")
         for name, server in servers.items():
             footprint[name]["peak_rss_mib"] = round(server.memory_mib("VmHWM"), 1)
+        if "edgeinfer" in servers and "tiny" in wanted_models and "json" in protocols and 64 in concurrencies:
+            routed_rows, routing_summary = routing(servers["edgeinfer"], args.duration, limits["tiny"])
     finally:
         for server in servers.values():
             server.stop()
@@ -649,6 +741,8 @@ def main() -> None:
         "rows": [asdict(row) for row in rows],
         "scaling_rows": [asdict(row) for row in scaled],
         "scaling_ratios": ratios,
+        "routing_rows": [asdict(row) for row in routed_rows],
+        "routing": routing_summary,
         "slo": slo_document,
     }
     (RESULTS / f"{stamp}.json").write_text(json.dumps(document, indent=1))
@@ -663,6 +757,10 @@ def main() -> None:
             + json.dumps({key: round(value, 1) for key, value in ceilings.items()})
             + f"\n\n{table(scaled)}\n\nRatios: {json.dumps(ratios)}\n"
         )
+    if routed_rows:
+        routing_text = routing_markdown(routed_rows, routing_summary)
+        markdown += "\n" + routing_text
+        print("\n" + routing_text)
     if slo_markdown:
         markdown += "\n" + slo_markdown
         print("\n" + slo_markdown)
