@@ -22,7 +22,20 @@ import time
 INTERVAL_S = 0.005
 TIMER_SLACK_S = 0.001  # libuv's timers have millisecond resolution: lateness below this is not lag
 FALL = 0.8  # each on-time tick keeps this share of the lag
+GONE_S = TIMER_SLACK_S / 10  # a falling lag below this is over: 0 (not a tail that never quite ends)
 IDLE_S = 1.0  # no request for this long: stop ticking (an idle box wakes for nothing)
+
+
+def next_lag(lag_s: float, late_s: float) -> float:
+    """The lag after a tick that ran ``late_s`` after it was due: up at once, down gradually, and 0 once
+    it has fallen below ``GONE_S``. Exactly 0 matters: the hot path asks only whether there is a lag at
+    all, and a geometric fall alone would leave a few nanoseconds of it for many seconds after one late
+    tick, making every light-load request take the slower under-load path all that time."""
+    late = max(0.0, late_s - TIMER_SLACK_S)
+    if late > lag_s:
+        return late
+    falling = lag_s * FALL + late * (1 - FALL)
+    return falling if falling >= GONE_S else 0.0
 
 
 class LoopLag:
@@ -58,8 +71,7 @@ class LoopLag:
 
     def _tick(self, due: float) -> None:
         now = time.monotonic()
-        late = max(0.0, now - due - TIMER_SLACK_S)
-        self.lag_s = late if late > self.lag_s else self.lag_s * FALL + late * (1 - FALL)
+        self.lag_s = next_lag(self.lag_s, now - due)
         if now - self._last_use > IDLE_S:
             self._handle = None
             self.lag_s = 0.0
