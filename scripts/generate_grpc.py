@@ -1,8 +1,9 @@
-"""Generate the protobuf module from proto/edgeinfer_grpc_v2.proto (needs grpcio-tools).
+"""Generate the protobuf modules from proto/edgeinfer_grpc_v2.proto and proto/edgeinfer_rollouts.proto
+(needs grpcio-tools).
 
     python scripts/generate_grpc.py
 
-Writes src/edgeinfer/protocol/grpc_gen/edgeinfer_grpc_v2_pb2.py and its .pyi stub. The output is
+Writes src/edgeinfer/protocol/grpc_gen/edgeinfer_{grpc_v2,rollouts}_pb2.py and their .pyi stubs. The output is
 committed; lint skips it. No *_pb2_grpc.py is generated: the server registers generic handlers under
 Triton's service path itself (see src/edgeinfer/server/grpc.py).
 """
@@ -29,6 +30,7 @@ def main() -> int:
             f"--python_out={OUT}",
             f"--pyi_out={OUT}",
             "edgeinfer_grpc_v2.proto",
+            "edgeinfer_rollouts.proto",
         ]
     )
 

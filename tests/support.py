@@ -86,6 +86,37 @@ def request(
         connection.close()
 
 
+def rollout(
+    grpc_port: int,
+    method: str,
+    metadata: list[tuple[str, str]] | None = None,
+    root_certificates: bytes | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """Call ``edgeinfer.rollouts.v1.RolloutService/<method>`` over gRPC (TLS when given the CA's PEM);
+    its JSON answer, parsed. ``fields``: model_name, action, and ``document`` (sent as ``json``)."""
+    import grpc
+
+    from edgeinfer.protocol.grpc_gen import edgeinfer_rollouts_pb2 as pb
+
+    document = fields.pop("document", None)
+    if document is not None:
+        fields["json"] = document if isinstance(document, str) else orjson.dumps(document).decode()
+    if root_certificates is None:
+        channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+    else:
+        credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+        channel = grpc.secure_channel(f"localhost:{grpc_port}", credentials)
+    with channel:
+        call = channel.unary_unary(
+            f"/edgeinfer.rollouts.v1.RolloutService/{method}",
+            request_serializer=pb.RolloutRequest.SerializeToString,
+            response_deserializer=pb.RolloutResponse.FromString,
+        )
+        answer = call(pb.RolloutRequest(**fields), metadata=metadata, timeout=30)
+    return dict(orjson.loads(answer.json))
+
+
 def infer_body(inputs: dict[str, np.ndarray], **extra: Any) -> dict:
     return {
         "inputs": [

@@ -19,7 +19,9 @@ began, and ``decide`` says what to do:
 * a step with fewer than ``min_requests`` candidate requests holds (a quiet box promotes nothing on no
   evidence), however long it lasts;
 * otherwise, once ``interval_s`` has passed, it advances; after the last step (100) it is promoted: all
-  traffic to the candidate; the stable version stays loaded as its version_policy says.
+  traffic to the candidate, and the model is reloaded so that its version_policy decides again which
+  versions stay (until then the candidate loads besides what the policy chooses: ``held_versions``);
+  with ``latest: 1`` that retires the stable version, with ``all`` it stays.
 
 The state (step, status, reason) is kept in ``<cache_dir>/canary-<model>.json``, written atomically at
 every change, so a restart resumes where it was (a rolled-back canary stays rolled back).
@@ -217,11 +219,33 @@ class CanaryState:
 Apply = Callable[[str, list[dict[str, Any]] | None, dict[str, Any] | None], Awaitable[None]]
 
 
+def state_path(state_dir: Path, model: str) -> Path:
+    return state_dir / f"canary-{model}.json"
+
+
+def held_versions(configs: Mapping[str, CanaryConfig], state_dir: Path) -> dict[str, str]:
+    """Per model, the candidate version that loads besides what its version_policy chooses: every
+    configured canary's, until its state file says it was promoted (repository/sources.py). Read by
+    every process that loads models (workers too): the state file is the one record they share."""
+    held = {}
+    for model, config in configs.items():
+        try:
+            saved = json.loads(state_path(state_dir, model).read_text())
+            promoted = saved.get("status") == "promoted" and saved.get("version") == config.version
+        except (OSError, ValueError, AttributeError):
+            promoted = False  # no canary state yet (or unreadable): it is about to run
+        if not promoted:
+            held[model] = config.version
+    return held
+
+
 class Canaries:
     """The canaries of one server (the supervisor's, with workers): ticks, decides, applies.
 
     ``snapshot`` gives the whole server's metrics; ``apply(model, route, shadow)`` sets a model's route
-    and shadow everywhere; ``stable_of(model, candidate)`` names the version serving before the canary.
+    and shadow everywhere; ``stable_of(model, candidate)`` names the version serving before the canary;
+    ``reload(model)`` loads the model again everywhere after a promotion (its version policy then
+    decides whether the stable version stays).
     """
 
     def __init__(
@@ -231,12 +255,14 @@ class Canaries:
         snapshot: Callable[[], Awaitable[Snapshot]],
         apply: Apply,
         stable_of: Callable[[str, str], Awaitable[str]],
+        reload: Callable[[str], Awaitable[None]],
     ) -> None:
         self._configs = dict(configs)
         self._dir = state_dir
         self._snapshot = snapshot
         self._apply = apply
         self._stable_of = stable_of
+        self._reload = reload
         self._states: dict[str, CanaryState] = {}
         self._window_start: dict[str, tuple[float, Snapshot]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -293,8 +319,8 @@ class Canaries:
             if state is None or config is None:
                 raise ModelNotFound(f"model {name!r} has no canary (canaries.{name} in the config)")
             if action == "start":
-                state.status, state.step, state.reason = "running", 0, ""
-                state.stable = config.stable or await self._stable_of(name, config.version)
+                stable = config.stable or await self._stable_of(name, config.version)
+                state.status, state.step, state.reason, state.stable = "running", 0, "", stable
             elif action == "pause" and state.status == "running":
                 state.status = "paused"
             elif action == "resume" and state.status == "paused":
@@ -307,7 +333,9 @@ class Canaries:
                 raise InvalidInput(f"the canary of {name!r} is {state.status}: {action} does not apply")
             state.note(f"{action} (by request)")
             await self._enforce(state)
-            return self._describe(state)
+        if action == "promote":
+            await self._retire_stable(state)
+        return self._describe(state)
 
     # ---- deciding ----
 
@@ -325,6 +353,7 @@ class Canaries:
             return
         now_snapshot = await self._snapshot()
         now = time.monotonic()
+        promoted = []
         async with self._lock:
             for state in running:
                 if state.status != "running":
@@ -347,6 +376,7 @@ class Canaries:
                 elif verdict.action == "promote":
                     state.status, state.reason = "promoted", verdict.reason
                     log.info("canary %s version %s promoted: %s", state.model, state.version, verdict.reason)
+                    promoted.append(state)
                 else:
                     state.step += 1
                     log.info(
@@ -355,6 +385,21 @@ class Canaries:
                     )  # fmt: skip
                 state.note(f"{verdict.action}: {verdict.reason}")
                 await self._enforce(state, now_snapshot)
+        for state in promoted:
+            await self._retire_stable(state)
+
+    async def _retire_stable(self, state: CanaryState) -> None:
+        """After a promotion (saved: the candidate is no longer held), load the model again, so that
+        its version policy decides whether the stable version stays. The route already sends every
+        request to the candidate, so nothing is in the way of unloading the stable one."""
+        try:
+            await self._reload(state.model)
+        except Exception as error:  # the promotion stands; the stable version just stays loaded
+            log.error("canary %s promoted, but reloading it to retire version %s failed: %s",
+                      state.model, state.stable, error)  # fmt: skip
+        else:
+            state.note(f"reloaded: version {state.stable} stays only if the version policy keeps it")
+            self._save(state)
 
     async def _enforce(self, state: CanaryState, snapshot: Snapshot | None = None) -> None:
         """Route (and shadow) the model as its state says; save the state; a new step's window."""
@@ -381,7 +426,7 @@ class Canaries:
     # ---- the state file ----
 
     def _path(self, name: str) -> Path:
-        return self._dir / f"canary-{name}.json"
+        return state_path(self._dir, name)
 
     def _load(self, name: str, config: CanaryConfig) -> CanaryState | None:
         try:

@@ -14,11 +14,22 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from tests.support import ServerProcess, infer_body, matmul_model, request, save_model, scrape, slow_model
+from tests.support import (
+    ServerProcess,
+    infer_body,
+    matmul_model,
+    request,
+    rollout,
+    save_model,
+    scrape,
+    slow_model,
+    wait_for,
+)
 
 CANARY = "{version: 2, steps: [10, 50, 100], interval_s: 1, min_requests: 20, %s}"
 LIMITS = {
@@ -78,8 +89,10 @@ def make_repository(root: Path) -> Path:
             matmul_model(repo / name / str(version) / "model.onnx", seed=seed)
     matmul_model(repo / "slow" / "1" / "model.onnx", size=128)
     slow_model(repo / "slow" / "2" / "model.onnx", repeats=200, size=128)
-    for name in ("errs", "differs", "healthy", "quiet", "slow"):
+    for name in ("errs", "differs", "quiet", "slow"):
         (repo / name / "config.yaml").write_text("version_policy: {kind: all}\nmax_batch_size: 0\n")
+    # the policy serves only the newest version: the candidate is held besides it until promoted
+    (repo / "healthy" / "config.yaml").write_text("version_policy: {latest: 1}\nmax_batch_size: 0\n")
     return repo
 
 
@@ -203,7 +216,13 @@ def test_a_slow_candidate_is_rolled_back(server: ServerProcess):
     assert "over max_p99_ms 5" in state(server, "slow")["reason"]
 
 
-def test_a_healthy_candidate_is_promoted_step_by_step(server: ServerProcess):
+def ready_versions(server: ServerProcess, model: str) -> set[str]:
+    index = request(server.port, "POST", "/v2/repository/index").json()
+    return {entry["version"] for entry in index if entry["name"] == model and entry["state"] == "READY"}
+
+
+def test_a_healthy_candidate_is_promoted_step_by_step_and_the_stable_retired(server: ServerProcess):
+    assert ready_versions(server, "healthy") == {"1", "2"}, "latest: 1, but the candidate is held"
     seen_steps = set()
 
     def promoted() -> bool:
@@ -221,6 +240,9 @@ def test_a_healthy_candidate_is_promoted_step_by_step(server: ServerProcess):
         for i in range(30)
     }
     assert versions == {"2"}
+    # promoted: the version policy (latest: 1) applies to every version again and retires the stable
+    wait_for(lambda: ready_versions(server, "healthy") == {"2"}, what="version 1 retired")
+    assert any("reloaded: version 1 stays only if" in line for line in state(server, "healthy")["history"])
 
 
 def test_a_quiet_box_holds_its_step_and_the_api_steers(server: ServerProcess):
@@ -238,6 +260,17 @@ def test_a_quiet_box_holds_its_step_and_the_api_steers(server: ServerProcess):
         for i in range(30)
     } == {"1"}
     assert post("start").json()["status"] == "running"
+    # over gRPC, the same actions and documents
+    port = server.grpc_port
+    assert rollout(port, "CanaryAction", model_name="quiet", action="pause")["status"] == "paused"
+    assert rollout(port, "ListCanaries")["canaries"]["quiet"]["status"] == "paused"
+    with pytest.raises(grpc.RpcError) as refused:
+        rollout(port, "CanaryAction", model_name="quiet", action="pause")
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == "the canary of 'quiet' is paused: pause does not apply"
+    with pytest.raises(grpc.RpcError) as unknown_over_grpc:
+        rollout(port, "CanaryAction", model_name="nothing", action="pause")
+    assert unknown_over_grpc.value.code() == grpc.StatusCode.NOT_FOUND
     assert post("abort").status == 200
     unknown = request(server.port, "POST", "/v2/canaries/nothing/pause")
     assert (unknown.status, unknown.error) == (
@@ -257,6 +290,7 @@ def test_decisions_survive_a_restart(server: ServerProcess, root: Path):
     try:
         assert state(again, "errs")["status"] == "rolled_back"
         assert state(again, "healthy")["status"] == "promoted"
+        assert ready_versions(again, "healthy") == {"2"}, "promoted: only what the policy keeps loads"
         assert any("resumed after a restart" in line for line in state(again, "errs")["history"])
         body = infer_body({"X": np.ones((1, 4), np.float32), "I": np.array([9], np.int64)})
         assert {request(again.port, "POST", "/v2/models/errs/infer", body).status for _ in range(30)} == {200}
@@ -286,5 +320,6 @@ def test_with_workers_one_decision_is_followed_by_every_worker(tmp_path: Path):
             for i in range(60)
         }
         assert versions == {"2"}
+        wait_for(lambda: ready_versions(server, "healthy") == {"2"}, what="version 1 retired on every worker")
     finally:
         assert server.stop() == 0

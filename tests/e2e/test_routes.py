@@ -9,11 +9,12 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.support import ServerProcess, infer_body, matmul_model, request
+from tests.support import ServerProcess, infer_body, matmul_model, request, rollout
 
 ONE_ROW = infer_body({"X": np.ones((1, 16), np.float32)})
 CONFIG = """
@@ -144,6 +145,35 @@ def test_routes_change_at_run_time(server: ServerProcess):
     )
 
 
+def test_routes_are_steered_over_grpc_with_the_same_documents(server: ServerProcess):
+    port = server.grpc_port
+    try:
+        listed = rollout(
+            port, "SetRoute", model_name="m", document={"variants": [{"version": 1, "weight": 1}]}
+        )
+        assert listed == {"routes": {"m": [{"model": "m", "version": "1", "weight": 1.0}]}}
+        assert {answered_by(server, f"k{index}") for index in range(50)} == {"m/1"}
+        assert rollout(port, "ListRoutes") == request(server.port, "GET", "/v2/routes").json()
+        bad_cases = [
+            ({"model_name": "m", "document": "{not json"}, "'json' is not valid JSON"),
+            ({"model_name": "m", "document": {"variants": "all"}}, "'variants' must be a list"),
+            ({"document": {"variants": []}}, "this call needs a 'model_name'"),
+        ]
+        for fields, message in bad_cases:
+            with pytest.raises(grpc.RpcError) as refused:
+                rollout(port, "SetRoute", **fields)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert message in str(refused.value.details()), refused.value.details()
+        assert {answered_by(server, f"k{index}") for index in range(20)} == {"m/1"}, (
+            "the route in force stays"
+        )
+    finally:
+        assert rollout(port, "RemoveRoute", model_name="m") == {}
+    assert {answered_by(server, f"k{index}") for index in range(50)} == {"m/2"}, "no route: the highest"
+    variants = [{"version": 1, "weight": 90}, {"version": 2, "weight": 10}]
+    rollout(port, "SetRoute", model_name="m", document={"variants": variants})
+
+
 @pytest.mark.workers
 def test_every_worker_follows_a_route_set_at_run_time(tmp_path: Path):
     server = start(tmp_path, workers=2)
@@ -154,5 +184,10 @@ def test_every_worker_follows_a_route_set_at_run_time(tmp_path: Path):
         assert {answered_by(server, f"k{index}") for index in range(200)} == {"m/1"}
         assert request(server.port, "DELETE", "/v2/routes/m").status == 200
         assert {answered_by(server, f"k{index}") for index in range(200)} == {"m/2"}
+        # over gRPC (the call lands on one worker, which hands it to the supervisor): the same
+        rollout(
+            server.grpc_port, "SetRoute", model_name="m", document={"variants": [{"version": 1, "weight": 1}]}
+        )
+        assert {answered_by(server, f"k{index}") for index in range(200)} == {"m/1"}
     finally:
         assert server.stop() == 0

@@ -26,7 +26,7 @@ import trustme
 from tritonclient.utils import InferenceServerException
 
 from edgeinfer.server.auth import digest
-from tests.support import ROOT, Reply, ServerProcess, infer_body, matmul_model, metric, request
+from tests.support import ROOT, Reply, ServerProcess, infer_body, matmul_model, metric, request, rollout
 
 INFER_KEY = "infer-key-0123456789abcdef"
 ADMIN_KEY = "admin-key-0123456789abcdef"
@@ -246,6 +246,19 @@ def test_every_role_on_every_grpc_route_group(secured: ServerProcess, pki: Pki):
         stream.close()
     finally:
         client.close()
+
+
+def test_rollout_control_over_grpc_needs_the_admin_role(secured: ServerProcess, pki: Pki):
+    ca = (pki.folder / "ca.pem").read_bytes()
+    for holder, key in [(None, None), ("bad", "not-a-key-at-all-0123456789"), *KEYS.items()]:
+        metadata = [("authorization", f"Bearer {key}")] if key else None
+        if holder == "admin":
+            assert rollout(secured.grpc_port, "ListRoutes", metadata, ca) == {"routes": {}}
+            continue
+        with pytest.raises(grpc.RpcError) as refused:
+            rollout(secured.grpc_port, "ListRoutes", metadata, ca)
+        expected = "UNAUTHENTICATED" if holder in (None, "bad") else "PERMISSION_DENIED"
+        assert refused.value.code() == getattr(grpc.StatusCode, expected), (holder, refused.value)
 
 
 def test_tritonclient_http_sends_keys_with_headers_over_tls(secured: ServerProcess, pki: Pki):

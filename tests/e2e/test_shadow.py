@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import numpy as np
 import pytest
 
-from tests.support import ROOT, ServerProcess, infer_body, matmul_model, request, scrape, wait_for
+from tests.support import ROOT, ServerProcess, infer_body, matmul_model, request, rollout, scrape, wait_for
 
 CONFIG = """
 model_store_path: {repo}
@@ -138,4 +139,16 @@ def test_shadows_change_at_run_time(server: ServerProcess):
     for _ in range(10):
         send(server, "same", np.ones((1, 16), np.float32))
     assert settled(server, "same") == before, "no shadow: nothing mirrored"
+    assert request(server.port, "PUT", "/v2/shadows/same", {"version": 2}).status == 200
+    # over gRPC, the same documents
+    port = server.grpc_port
+    changed = rollout(port, "SetShadow", model_name="same", document={"version": 2, "share": 0.25})
+    assert changed["shadows"]["same"] == {"version": "2", "share": 0.25}
+    assert rollout(port, "ListShadows") == request(server.port, "GET", "/v2/shadows").json()
+    with pytest.raises(grpc.RpcError) as refused:
+        rollout(port, "SetShadow", model_name="same", document={"version": 2, "share": 2})
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "shadows.same.share" in str(refused.value.details())
+    assert rollout(port, "RemoveShadow", model_name="same") == {}
+    assert "same" not in rollout(port, "ListShadows")["shadows"]
     assert request(server.port, "PUT", "/v2/shadows/same", {"version": 2}).status == 200

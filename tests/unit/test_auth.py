@@ -112,6 +112,16 @@ def test_grpc_methods_need_the_role_of_their_http_twin():
         assert http_role(path.format(model="m")) == role, method
 
 
+def test_every_rollout_method_needs_the_admin_role():
+    """A method missing from GRPC_ROUTES would fail every call once keys are configured."""
+    from edgeinfer.protocol.grpc_gen import edgeinfer_rollouts_pb2
+
+    rollouts = edgeinfer_rollouts_pb2.DESCRIPTOR.services_by_name["RolloutService"].methods
+    assert len(rollouts) == 8
+    assert {method.name for method in rollouts} <= GRPC_ROUTES.keys()
+    assert all(GRPC_ROUTES[method.name][0] == "admin" for method in rollouts)
+
+
 def test_the_guard_answers_401_and_403_and_counts_them():
     counted: list[tuple[str, str]] = []
     ring = KeyRing(parse_keys(f"- {{name: cam, key: {SECRET}, roles: [infer]}}", "x"))

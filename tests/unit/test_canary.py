@@ -9,7 +9,16 @@ from typing import Any
 
 import pytest
 
-from edgeinfer.canary import Canaries, Window, _quantile, decide, disagreement, stable_version, window
+from edgeinfer.canary import (
+    Canaries,
+    Window,
+    _quantile,
+    decide,
+    disagreement,
+    held_versions,
+    stable_version,
+    window,
+)
 from edgeinfer.config import CanaryConfig
 from edgeinfer.errors import ModelNotFound
 from edgeinfer.metrics import LATENCY_BUCKETS_S, Metrics
@@ -112,8 +121,14 @@ def test_the_state_survives_a_restart_and_actions_route_traffic(tmp_path: Path):
     async def stable_of(name: str, candidate: str) -> str:
         return "1"
 
+    reloaded: list[tuple[str, dict[str, str]]] = []
+
+    async def reload(name: str) -> None:  # what the server's discovery would hold back at this point
+        reloaded.append((name, held_versions({"m": CONFIG}, tmp_path)))
+
     async def scenario() -> None:
-        canaries = Canaries({"m": CONFIG}, tmp_path, snapshot, apply, stable_of)
+        assert held_versions({"m": CONFIG}, tmp_path) == {"m": "2"}, "before it starts: held"
+        canaries = Canaries({"m": CONFIG}, tmp_path, snapshot, apply, stable_of, reload)
         await canaries.start()
         assert applied[-1] == (
             "m",
@@ -125,13 +140,15 @@ def test_the_state_survives_a_restart_and_actions_route_traffic(tmp_path: Path):
         assert (state["status"], state["share"]) == ("aborted", 0.0)
         assert applied[-1] == ("m", [{"version": "1", "weight": 100.0}], None)
         await canaries.stop()
-        again = Canaries({"m": CONFIG}, tmp_path, snapshot, apply, stable_of)
+        again = Canaries({"m": CONFIG}, tmp_path, snapshot, apply, stable_of, reload)
         await again.start()
         assert again.states()["m"]["status"] == "aborted", "a restart keeps the decision"
         assert applied[-1] == ("m", [{"version": "1", "weight": 100.0}], None)
         promoted = await again.act("m", "promote")
         assert promoted["share"] == 100.0
         assert applied[-1] == ("m", [{"version": "2", "weight": 100.0}], None)
+        assert reloaded == [("m", {})], "reloaded once, after the promotion was saved: nothing held"
+        assert held_versions({"m": CONFIG.model_copy(update={"version": "3"})}, tmp_path) == {"m": "3"}
         with pytest.raises(Exception, match="unknown canary action"):
             await again.act("m", "explode")
         await again.stop()

@@ -175,6 +175,28 @@ def test_version_policies(written, available, chosen):
     assert config.version_policy.select(available) == chosen
 
 
+@pytest.mark.parametrize(
+    ("policy", "held", "loaded"),
+    [
+        ("{latest: 1}", None, ["3"]),
+        ("{latest: 1}", "3", ["2", "3"]),  # a canary of 3: the policy picks the stable among 1 and 2
+        ("{latest: 1}", "2", ["2", "3"]),  # a canary of an older version: it loads next to the newest
+        ("all", "3", ["1", "2", "3"]),
+        ("{specific: [1]}", "3", ["1", "3"]),
+        ("{specific: [3]}", "3", ["3"]),  # the policy keeps no other version: nothing to compare with
+        ("{latest: 1}", "7", ["3"]),  # no such version: nothing held
+    ],
+)
+def test_a_held_version_loads_besides_what_the_policy_chooses(tmp_path, policy, held, loaded):
+    from edgeinfer.repository.sources import scan_model_dir
+
+    for version in (1, 2, 3):
+        matmul_model(tmp_path / "m" / str(version) / "model.onnx")
+    (tmp_path / "m" / "config.yaml").write_text(f"version_policy: {policy}\n")
+    sources = scan_model_dir(tmp_path / "m", tmp_path, held=held)
+    assert [source.version for source in sources] == loaded
+
+
 def test_a_bad_version_policy_says_how_to_write_it(tmp_path, model_file):
     path = write(tmp_path, "models:\n  m:\n    model_path: m.onnx\n    version_policy: newest\n")
     with pytest.raises(ConfigError, match=r"write version_policy as \{latest: N\}, all, or \{specific"):

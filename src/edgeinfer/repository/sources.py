@@ -4,11 +4,17 @@ Repository layout::
 
     REPO/<model>/config.yaml          optional, the per-model keys of the config file
     REPO/<model>/<version>/model.onnx one directory per version; versions are integers
+
+A model's ``version_policy`` chooses which versions load. A version being rolled out (a canary's
+candidate, ``held``) loads besides them, and the policy chooses among the others: with ``latest: 1``
+the stable version keeps serving next to the candidate until the candidate is promoted; then the
+policy applies to all versions again and retires the stable one.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,11 +43,12 @@ class ModelSource:
     instance: Any = None  # a Python model object given to Server.register, served as it is
 
 
-def discover(config: Config) -> list[ModelSource]:
-    """Every model version the configuration names; a name+version given twice is an error."""
+def discover(config: Config, held: Mapping[str, str] | None = None) -> list[ModelSource]:
+    """Every model version the configuration names; a name+version given twice is an error.
+    ``held``: per model, a version that loads whatever the version policy says (a canary's)."""
     sources: list[ModelSource] = []
     if config.model_store_path is not None:
-        sources.extend(scan_repository(Path(config.model_store_path)))
+        sources.extend(scan_repository(Path(config.model_store_path), held or {}))
     for name, model in config.models.items():
         cache = str(config.repository.cache_path)
         path = model.model_path or ""  # python models have none
@@ -58,12 +65,12 @@ def discover(config: Config) -> list[ModelSource]:
     return sources
 
 
-def scan_repository(root: Path) -> list[ModelSource]:
+def scan_repository(root: Path, held: Mapping[str, str]) -> list[ModelSource]:
     sources = []
     for model_dir in sorted(
         path for path in root.iterdir() if path.is_dir() and not path.name.startswith(".")
     ):
-        sources.extend(scan_model_dir(model_dir, root))
+        sources.extend(scan_model_dir(model_dir, root, held=held.get(model_dir.name)))
     return sources
 
 
@@ -77,8 +84,11 @@ def _inside(path: Path, root: Path, what: str) -> None:
         )
 
 
-def scan_model_dir(model_dir: Path, root: Path, override: dict[str, Any] | None = None) -> list[ModelSource]:
-    """The versions in one model directory; ``override`` replaces keys of its config.yaml."""
+def scan_model_dir(
+    model_dir: Path, root: Path, override: dict[str, Any] | None = None, held: str | None = None
+) -> list[ModelSource]:
+    """The versions in one model directory; ``override`` replaces keys of its config.yaml; ``held``: a
+    version that loads besides what the version policy chooses among the others."""
     _inside(model_dir, root, "model directory")
     config_file = model_dir / "config.yaml"
     if config_file.exists():
@@ -104,6 +114,9 @@ def scan_model_dir(model_dir: Path, root: Path, override: dict[str, Any] | None 
         raise ConfigError(
             f"model {model_dir.name!r}: version_policy names versions {missing} that do not exist"
         )
+    if held is not None and held.isdigit() and int(held) in found:
+        others = [number for number in found if number != int(held)]
+        chosen = sorted({*policy.select(others), int(held)})
     versions = []
     for number in chosen:
         model_file = found[number] / MODEL_FILENAME
@@ -124,8 +137,11 @@ def _with_model_dir(config: ModelConfig, model_dir: Path) -> ModelConfig:
     return config.model_copy(update={"warmup": config.warmup.model_copy(update={"samples": resolved})})
 
 
-def discover_model(config: Config, name: str, override: dict[str, Any] | None = None) -> list[ModelSource]:
-    """The versions of one model as the configuration and repository say now (for load requests).
+def discover_model(
+    config: Config, name: str, override: dict[str, Any] | None = None, held: str | None = None
+) -> list[ModelSource]:
+    """The versions of one model as the configuration and repository say now (for load requests);
+    ``held`` as for ``scan_model_dir``.
 
     The name comes from a client: it must name a directory right under the repository root (no ``/``,
     no leading ``.``, nothing resolving outside). An override may not touch ``CODE_KEYS`` unless the
@@ -153,7 +169,7 @@ def discover_model(config: Config, name: str, override: dict[str, Any] | None = 
         root = Path(config.model_store_path)
         model_dir = root / name
         if model_dir.is_dir():
-            return scan_model_dir(model_dir, root, override)
+            return scan_model_dir(model_dir, root, override, held)
     raise ModelNotFound(f"no model named {name!r} in the repository or the configuration")
 
 

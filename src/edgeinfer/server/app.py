@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer.backends import LoadContext
-from edgeinfer.canary import Canaries, stable_version
+from edgeinfer.canary import Canaries, held_versions, stable_version
 from edgeinfer.config import Config, ModelConfig, ServerConfig, parse
 from edgeinfer.errors import ConfigError
 from edgeinfer.logs import AccessLog, setup_logging
@@ -80,7 +80,8 @@ class Server:
         for folder in config.python_path:  # where the config's Python models live
             if folder not in sys.path:
                 sys.path.insert(0, folder)
-        self._discovered = discover(config)  # a configuration error shows now, before anything listens
+        # a configuration error shows now, before anything listens
+        self._discovered = discover(config, self._held())
         Security.check(config.server)
         self._registered: list[ModelSource] = []
         self.service: InferenceService | None = None
@@ -112,7 +113,11 @@ class Server:
         """The versions of one model now (for load requests), refreshing a remote mirror first."""
         if self._mirror is not None:
             self._mirror.sync()
-        return discover_model(self.config, name, override)
+        return discover_model(self.config, name, override, self._held().get(name))
+
+    def _held(self) -> dict[str, str]:
+        """Canary candidates that load besides what their model's version policy chooses."""
+        return held_versions(self.config.canaries, self.config.repository.cache_path)
 
     def _build(self, cluster: Cluster | None) -> InferenceService:
         """Wire one process's core: metrics, registry, router, residency, service."""
@@ -145,7 +150,13 @@ class Server:
                 assert service is not None
                 return stable_version(await service.repository_index(), name, candidate)
 
-            canaries = Canaries(config.canaries, config.repository.cache_path, snapshot, apply, stable_of)
+            async def reload(name: str) -> None:
+                assert service is not None
+                await service.load_model(name)
+
+            canaries = Canaries(
+                config.canaries, config.repository.cache_path, snapshot, apply, stable_of, reload
+            )
         self._canaries = canaries
         residency = Residency(registry, config.residency, load_local)
         access_log = AccessLog(config.logging.access_log, config.logging.access_log_sample_rate)
@@ -192,7 +203,7 @@ class Server:
                 self._metrics_http = security.http_server(metrics_routes, error_response, 64 * 1024)
                 await self._metrics_http.start(metrics_socket)
         # a worker reads the repository again: one forked to replace another starts from what is there now
-        discovered = discover(self.config) if worker is not None else self._discovered
+        discovered = discover(self.config, self._held()) if worker is not None else self._discovered
         sources = [*discovered, *self._registered]
         on_demand = [source for source in sources if source.config.residency == "on_demand"]
         service.registry.defer(on_demand)

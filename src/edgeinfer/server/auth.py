@@ -184,6 +184,15 @@ GRPC_ROUTES: dict[str, tuple[str, str]] = {
     "RepositoryIndex": ("admin", "/v2/repository/index"),
     "RepositoryModelLoad": ("admin", "/v2/repository/models/{model}/load"),
     "RepositoryModelUnload": ("admin", "/v2/repository/models/{model}/unload"),
+    # edgeinfer.rollouts.v1.RolloutService (proto/edgeinfer_rollouts.proto)
+    "ListRoutes": ("admin", "/v2/routes"),
+    "SetRoute": ("admin", "/v2/routes/{model}"),
+    "RemoveRoute": ("admin", "/v2/routes/{model}"),
+    "ListShadows": ("admin", "/v2/shadows"),
+    "SetShadow": ("admin", "/v2/shadows/{model}"),
+    "RemoveShadow": ("admin", "/v2/shadows/{model}"),
+    "ListCanaries": ("admin", "/v2/canaries"),
+    "CanaryAction": ("admin", "/v2/canaries/{model}"),
 }
 
 

@@ -5,6 +5,9 @@ status codes (``CODE_BY_ERROR``, looked up along the MRO, with the same messages
 registered under Triton's service path with our own message classes (see proto/edgeinfer_grpc_v2.proto
 for why), and a body that does not parse as the expected message is answered INVALID_ARGUMENT.
 
+Rollout control (routes, shadows, canaries) is a second service, ``edgeinfer.rollouts.v1.RolloutService``
+(proto/edgeinfer_rollouts.proto), whose messages carry the HTTP API's JSON documents in a string field.
+
 Every call first passes the API key check (``auth.Guard``, the key in ``authorization: Bearer`` or
 ``x-api-key`` metadata) and the limit on concurrent calls (``server.limits.max_grpc_streams``, also
 given to clients as HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS per connection). A client's deadline
@@ -41,14 +44,16 @@ from edgeinfer.errors import (
     Unauthenticated,
 )
 from edgeinfer.errors import describe as describe_error
-from edgeinfer.protocol import grpc_codec
+from edgeinfer.protocol import grpc_codec, json_codec
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
+from edgeinfer.protocol.grpc_gen import edgeinfer_rollouts_pb2 as rollouts_pb
 from edgeinfer.server.auth import GRPC_ROUTES, Guard, presented_key
 from edgeinfer.service import InferenceCall, InferenceService, parse_override
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "inference.GRPCInferenceService"
+ROLLOUT_SERVICE_NAME = "edgeinfer.rollouts.v1.RolloutService"
 
 CODE_BY_ERROR: dict[type[BaseException], grpc.StatusCode] = {
     ModelLoadError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -118,7 +123,7 @@ class GrpcServer:
                 ("grpc.max_concurrent_streams", max_calls),
             ]
         )
-        self._server.add_generic_rpc_handlers((self._handlers(),))
+        self._server.add_generic_rpc_handlers((self._handlers(), self._rollout_handlers()))
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:
@@ -187,6 +192,23 @@ class GrpcServer:
             ),
         }
         return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+    def _rollout_handlers(self) -> grpc.GenericRpcHandler:
+        rpcs = {
+            "ListRoutes": self.list_routes,
+            "SetRoute": self.set_route,
+            "RemoveRoute": self.remove_route,
+            "ListShadows": self.list_shadows,
+            "SetShadow": self.set_shadow,
+            "RemoveShadow": self.remove_shadow,
+            "ListCanaries": self.list_canaries,
+            "CanaryAction": self.canary_action,
+        }
+        handlers = {
+            method: self._unary(method, handler, rollouts_pb.RolloutRequest, rollouts_pb.RolloutResponse)
+            for method, handler in rpcs.items()
+        }
+        return grpc.method_handlers_generic_handler(ROLLOUT_SERVICE_NAME, handlers)
 
     def _admit(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
         """The API key and the concurrent call limit, before a call does anything (raises)."""
@@ -294,6 +316,54 @@ class GrpcServer:
         await self.service.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
+    # ---- rollout control: the HTTP API's JSON documents (docs/rollouts.md) ----
+
+    async def list_routes(
+        self, request: rollouts_pb.RolloutRequest, context: Any
+    ) -> rollouts_pb.RolloutResponse:
+        return _json_reply({"routes": self.service.routes()})
+
+    async def set_route(
+        self, request: rollouts_pb.RolloutRequest, context: Any
+    ) -> rollouts_pb.RolloutResponse:
+        await self.service.set_route(_named(request), _document(request).get("variants"))
+        return await self.list_routes(request, context)
+
+    async def remove_route(
+        self, request: rollouts_pb.RolloutRequest, context: Any
+    ) -> rollouts_pb.RolloutResponse:
+        await self.service.set_route(_named(request), None)
+        return _json_reply({})
+
+    async def list_shadows(
+        self, request: rollouts_pb.RolloutRequest, context: Any
+    ) -> rollouts_pb.RolloutResponse:
+        return _json_reply({"shadows": self.service.shadow_configs()})
+
+    async def set_shadow(
+        self, request: rollouts_pb.RolloutRequest, context: Any
+    ) -> rollouts_pb.RolloutResponse:
+        await self.service.set_shadow(_named(request), _document(request))
+        return await self.list_shadows(request, context)
+
+    async def remove_shadow(
+        self, request: rollouts_pb.RolloutRequest, context: Any
+    ) -> rollouts_pb.RolloutResponse:
+        await self.service.set_shadow(_named(request), None)
+        return _json_reply({})
+
+    async def list_canaries(
+        self, request: rollouts_pb.RolloutRequest, context: Any
+    ) -> rollouts_pb.RolloutResponse:
+        return _json_reply({"canaries": await self.service.canary_states()})
+
+    async def canary_action(
+        self, request: rollouts_pb.RolloutRequest, context: Any
+    ) -> rollouts_pb.RolloutResponse:
+        if not request.action:
+            raise InvalidInput("CanaryAction needs an 'action': start, pause, resume, promote or abort")
+        return _json_reply(await self.service.canary_action(_named(request), request.action))
+
     def _call(self, request: pb.ModelInferRequest, given_id: str | None) -> InferenceCall:
         return self.service.call("grpc", request.model_name, request.model_version or None, given_id)
 
@@ -375,6 +445,20 @@ async def _stream_answer(
     except Exception as error:
         call.fail(error)
         return pb.ModelStreamInferResponse(error_message=describe_error(error))
+
+
+def _named(request: rollouts_pb.RolloutRequest) -> str:
+    if not request.model_name:
+        raise InvalidInput("this call needs a 'model_name'")
+    return request.model_name
+
+
+def _document(request: rollouts_pb.RolloutRequest) -> dict[str, Any]:
+    return json_codec.loads_object(request.json.encode(), "'json'")
+
+
+def _json_reply(document: dict[str, Any]) -> rollouts_pb.RolloutResponse:
+    return rollouts_pb.RolloutResponse(json=json_codec.dumps(document).decode())
 
 
 def _model_of(request: Any) -> str:

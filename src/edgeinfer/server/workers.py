@@ -295,7 +295,12 @@ class Supervisor:
         config = self._server.config
         if config.canaries:
             self._canaries = Canaries(
-                config.canaries, config.repository.cache_path, self.snapshot, self._apply, self._stable_of
+                config.canaries,
+                config.repository.cache_path,
+                self.snapshot,
+                self._apply,
+                self._stable_of,
+                self.load,
             )
             await self._canaries.start()
         for worker in self._workers:
