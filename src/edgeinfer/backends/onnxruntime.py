@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -78,6 +79,7 @@ class OnnxRuntimeBackend:
             raise ModelLoadError(f"{path}: the model has no tensor outputs to serve")
         self.outputs = tuple(outputs)
         self._string_inputs = {spec.name for spec in self.inputs if spec.datatype == "BYTES"}
+        self._run = _session_run(self._session)
         self._all_outputs = [spec.name for spec in self.outputs]
 
     def runner(self, settings: RunnerSettings) -> Runner:
@@ -101,13 +103,26 @@ class OnnxRuntimeBackend:
             for name in self._string_inputs:
                 feed[name] = _bytes_to_str(inputs[name])
         try:
-            results = self._session.run(names, feed)
+            results = self._run(names, feed, None)
         except Exception as exc:  # ONNX Runtime's failures are all runtime failures of this model
             raise InferenceFailed(f"ONNX Runtime failed: {exc}") from None
         return {name: _str_to_bytes(array) for name, array in zip(names, results, strict=True)}
 
     def close(self) -> None:
         del self._session
+
+
+def _session_run(session: ort.InferenceSession) -> Any:
+    """The session's run function. For a CPU-only session, the compiled one under ``InferenceSession.run``:
+    the public wrapper re-checks input names and ownership on every call (we checked the request
+    already; inputs are numpy arrays) and adds only a fallback for accelerator providers, which a
+    CPU session has none of: on a small model that is over a quarter of the call (`tiny`: 19.5 vs 13.9
+    µs here). Any other session, or an
+    ONNX Runtime without that attribute, goes through the public ``run``."""
+    private = getattr(session, "_sess", None)
+    if session.get_providers() == ["CPUExecutionProvider"] and callable(getattr(private, "run", None)):
+        return private.run  # type: ignore[union-attr]
+    return session.run
 
 
 def _bytes_to_str(array: np.ndarray) -> np.ndarray:
