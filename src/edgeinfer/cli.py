@@ -1,4 +1,5 @@
-"""``edgeinfer`` command line: ``edgeinfer serve --config config.yaml`` and ``edgeinfer --version``.
+"""``edgeinfer`` command line: ``edgeinfer serve --config config.yaml``, ``edgeinfer inspect MODEL.onnx``,
+``edgeinfer api-key`` and ``edgeinfer --version``.
 
 The CLI declares only the handful of flags that override the config file; every other option lives in
 the YAML (see ``config.py``). Exit codes: 0 normal stop, 1 a model failed to load, 2 bad configuration.
@@ -48,6 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
         help="default INFO",
     )
+    inspect = commands.add_parser(
+        "inspect",
+        help="what an ONNX model is and where its nodes run",
+        description="Inputs and outputs (with dynamic dimensions), size, opsets, operators, parameters, "
+        "and for each execution provider the share of nodes and of time it runs and the operators that "
+        "fall back to the CPU (from one profiled run of ONNX Runtime on zeros).",
+    )
+    inspect.add_argument("model", metavar="MODEL.onnx")
+    inspect.add_argument(
+        "--providers", metavar="P1,P2", help="providers to measure (default: every one this build has)"
+    )
+    inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     commands.add_parser(
         "api-key",
         help="make a new API key and the line for a key file",
@@ -62,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "api-key":
         return api_key()
+    if args.command == "inspect":
+        return inspect_model(args)
     if args.command != "serve":
         parser.print_help()
         return EXIT_CONFIG
@@ -76,6 +91,50 @@ def api_key() -> int:
     print("key file entry (set name and roles: infer, admin, metrics):")
     print(f"  - {{name: CHANGE-ME, sha256: {hex_digest}, roles: [infer]}}")
     return 0
+
+
+def inspect_model(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from edgeinfer.backends.onnxruntime import inspect_file
+
+    if not os.path.isfile(args.model):
+        print(f"edgeinfer inspect: no such file: {args.model}", file=sys.stderr)
+        return EXIT_CONFIG
+    providers = args.providers.split(",") if args.providers else None
+    report = inspect_file(args.model, providers)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print(_inspect_text(report))
+    return 0
+
+
+def _inspect_text(report: dict) -> str:
+    lines = [f"{report['path']}: {report['size_bytes'] / 1e6:.2f} MB"]
+    if "opsets" in report:
+        opsets = ", ".join(f"{domain} {version}" for domain, version in report["opsets"].items())
+        lines.append(f"  opsets: {opsets}; parameters: {report['parameters']:,}")
+        lines.append("  operators: " + ", ".join(f"{op} x{n}" for op, n in report["file_ops"].items()))
+    for kind in ("inputs", "outputs"):
+        for tensor in report.get(kind, []):
+            shape = ", ".join(str(dim) for dim in tensor["shape"])
+            lines.append(f"  {kind[:-1]:<6} {tensor['name']}: {tensor['type']} [{shape}]")
+    for provider, measured in report["by_provider"].items():
+        if "error" in measured:
+            lines.append(f"  {provider}: {measured['error']}")
+            continue
+        lines.append(f"  {provider}: {measured['coverage']:.1%} of {measured['nodes']} nodes")
+        lines.extend(
+            f"    {share['provider']:<28} {share['nodes']:>5} nodes ({share['node_share']:.1%}), "
+            f"{share['time_share']:.1%} of the time"
+            for share in measured.get("providers", [])
+        )
+        for fallback, ops in measured.get("fallback_ops", {}).items():
+            listed = ", ".join(f"{op} x{n}" for op, n in ops.items())
+            lines.append(f"    falls back to {fallback}: {listed}")
+    return "\n".join(lines)
 
 
 def _workers(value: str | None) -> int | str | None:

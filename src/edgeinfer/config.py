@@ -210,6 +210,13 @@ class ModelConfig(_Frozen):
     backend_config: OnnxRuntimeConfig = OnnxRuntimeConfig()
     version_policy: VersionPolicy = VersionPolicy()
     warmup: WarmupConfig = WarmupConfig()
+    min_ep_coverage: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="ONNX models: the least share of nodes that must run on the first execution provider "
+        "asked for, else the load fails naming the operators that fall back",
+    )
 
     max_batch_size: int | None = Field(
         None, ge=0, description="rows per batch; 0 disables batching; unset: 8 if the model allows it"

@@ -104,6 +104,12 @@ class _SnapshotCollector(Collector):
             PREFIX + "model_info", "Backend and execution provider of each version",
             labels=["model", "version", "backend", "execution_provider"],
         )  # fmt: skip
+        coverage = GaugeMetricFamily(
+            PREFIX + "model_ep_coverage_ratio",
+            "Share of an ONNX model's nodes each execution provider runs (measured at load); the first "
+            "provider asked for is always listed, 0 when it runs nothing",
+            labels=["model", "version", "provider"],
+        )
         cost = GaugeMetricFamily(
             PREFIX + "batch_cost_seconds",
             "Learned time of a batch: part=per_batch (fixed cost of a call) + part=per_row x rows",
@@ -122,10 +128,12 @@ class _SnapshotCollector(Collector):
                 warmup.add_metric(labels, gauges["warmup_s"])
                 ready.add_metric(labels, 1.0 if gauges["ready"] else 0.0)
                 info.add_metric([*labels, gauges["backend"], gauges["execution_provider"]], 1.0)
+                for provider, share in gauges.get("ep_coverage", {}).items():
+                    coverage.add_metric([*labels, provider], share)
                 per_row, per_batch = gauges["cost"]
                 cost.add_metric([*labels, "per_row"], per_row)
                 cost.add_metric([*labels, "per_batch"], per_batch)
-        yield from (batches, queue_length, inflight, load, warmup, ready, info, cost)
+        yield from (batches, queue_length, inflight, load, warmup, ready, info, coverage, cost)
         yield from _ladder_families(self._ladders)
         yield GaugeMetricFamily(
             PREFIX + "event_loop_lag_seconds",

@@ -22,6 +22,7 @@ Exported, all prefixed ``edgeinfer_`` with units in the names:
     model_load_duration_seconds{model,version}, model_warmup_duration_seconds{model,version},
     model_ready{model,version}                                           1 when every worker serves it
     model_info{model,version,backend,execution_provider}
+    model_ep_coverage_ratio{model,version,provider}          share of an ONNX model's nodes each provider runs
     requests_refused_total{model,version,reason}                 reason: queue_full, slo, deadline
     batch_cost_seconds{model,version,part}                       the learned per_batch / per_row cost
     model_degraded{model,fallback}                               workers routing to the fallback
@@ -211,6 +212,7 @@ class VersionGauges:
     execution_provider: str = ""
     cost_per_row_s: float = 0.0  # the runner's learned batch time: per_batch + per_row * rows
     cost_per_batch_s: float = 0.0
+    ep_coverage: tuple[tuple[str, float], ...] = ()  # (provider, share of nodes), ONNX models
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +279,7 @@ class Metrics:
                 "backend": gauge.backend,
                 "execution_provider": gauge.execution_provider,
                 "cost": [gauge.cost_per_row_s, gauge.cost_per_batch_s],
+                "ep_coverage": dict(gauge.ep_coverage),
             }
         return {
             "models": models,

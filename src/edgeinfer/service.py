@@ -194,6 +194,21 @@ class InferenceService:
             metadata["route"] = route.describe()
         return metadata
 
+    def model_inspect(self, name: str, version: str | None) -> dict[str, Any]:
+        """What the loaded version is and where it runs (``GET /v2/models/{m}/inspect``): the metadata,
+        the execution provider, and what only its backend knows (an ONNX model's size and coverage)."""
+        entry = self.router.pick(name, version)
+        backend = self._serving(entry).backend
+        return {
+            "name": entry.name,
+            "version": entry.version,
+            "platform": backend.platform,
+            "execution_provider": backend.execution_provider,
+            "inputs": [spec.as_metadata() for spec in backend.inputs],
+            "outputs": [spec.as_metadata() for spec in backend.outputs],
+            **backend.inspect(),
+        }
+
     def model_config(self, name: str, version: str | None) -> dict[str, Any]:
         """Triton's model configuration layout (what tritonclient's ``get_model_config`` reads).
 

@@ -13,9 +13,9 @@ models never pays for importing ONNX Runtime.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from edgeinfer.protocol.types import InferRequest, TensorSpec
 from edgeinfer.runners import Runner, RunnerSettings, Tensors
@@ -45,6 +45,12 @@ class Backend(Protocol):
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     warmup_applies: bool  # False: synthetic warmup means nothing (a pipeline's steps warm up themselves)
+    ep_coverage: Mapping[str, float]  # provider -> share of nodes it runs (ONNX models; empty otherwise)
+
+    def inspect(self) -> dict[str, Any]:
+        """What only this backend knows about the model (size, graph, where its nodes run), for
+        ``GET /v2/models/{m}/inspect``; the common metadata is added by the caller."""
+        ...
 
     def runner(self, settings: RunnerSettings) -> Runner:
         """The runner that executes this model's batches (called once per loaded version)."""

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import shutil
+import tempfile
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -10,6 +14,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgeinfer.backends import LoadContext
+from edgeinfer.backends.coverage import Coverage, coverage
 from edgeinfer.config import ModelConfig, OnnxRuntimeConfig
 from edgeinfer.errors import InferenceFailed, ModelLoadError
 from edgeinfer.protocol.datatypes import ONNX_TO_V2
@@ -29,7 +34,7 @@ _OPTIMIZATION_LEVELS = {
 
 
 def load(path: str, config: ModelConfig, name: str, context: LoadContext) -> OnnxRuntimeBackend:
-    return OnnxRuntimeBackend(path, config.backend_config, name)
+    return OnnxRuntimeBackend(path, config.backend_config, name, config.min_ep_coverage)
 
 
 def choose_providers(wanted: Sequence[str], available: Sequence[str]) -> list[str]:
@@ -53,18 +58,38 @@ class OnnxRuntimeBackend:
     config_backend = "onnxruntime"
     warmup_applies = True
 
-    def __init__(self, path: str, config: OnnxRuntimeConfig, name: str = "") -> None:
+    def __init__(
+        self, path: str, config: OnnxRuntimeConfig, name: str = "", min_ep_coverage: float | None = None
+    ) -> None:
         self.name = name or path
-        providers = choose_providers(config.execution_providers, ort.get_available_providers())
+        available = ort.get_available_providers()
+        providers = choose_providers(config.execution_providers, available)
+        wanted = config.execution_providers[0] if config.execution_providers else providers[0]
+        if min_ep_coverage and wanted not in available:
+            raise ModelLoadError(
+                f"{path}: execution provider {wanted} is not in this ONNX Runtime build (it has "
+                f"{', '.join(available)}), so no node would run on it; min_ep_coverage is {min_ep_coverage}"
+            )
         options = ort.SessionOptions()
         options.intra_op_num_threads = config.intra_op_num_threads
         options.inter_op_num_threads = config.inter_op_num_threads
         options.graph_optimization_level = _OPTIMIZATION_LEVELS[config.graph_optimization_level]
         options.log_severity_level = 3  # errors only; ONNX Runtime's warnings are noise for users
+        profile_dir = tempfile.mkdtemp(prefix="edgeinfer-profile-")
+        options.enable_profiling = True  # for one probe run below: which provider runs which node
+        options.profile_file_prefix = os.path.join(profile_dir, "profile")
         try:
-            self._session = ort.InferenceSession(path, options, providers=providers)
-        except Exception as exc:  # ONNX Runtime raises its own exception types for every failure
-            raise ModelLoadError(f"ONNX Runtime cannot load {path}: {exc}") from None
+            try:
+                self._session = ort.InferenceSession(path, options, providers=providers)
+            except Exception as exc:  # ONNX Runtime raises its own exception types for every failure
+                raise ModelLoadError(f"ONNX Runtime cannot load {path}: {exc}") from None
+            self.coverage, self.coverage_error = _probe(self._session, wanted)
+        finally:
+            shutil.rmtree(profile_dir, ignore_errors=True)
+        self.ep_coverage = self.coverage.ratios() if self.coverage is not None else {}
+        if min_ep_coverage:
+            _check_coverage(path, self.coverage, self.coverage_error, min_ep_coverage)
+        self.size_bytes = os.path.getsize(path) if os.path.isfile(path) else 0
         self.execution_provider = self._session.get_providers()[0]
         self.inputs = tuple(self._tensor_spec(arg, "input", path) for arg in self._session.get_inputs())
         outputs = []
@@ -108,8 +133,126 @@ class OnnxRuntimeBackend:
             raise InferenceFailed(f"ONNX Runtime failed: {exc}") from None
         return {name: _str_to_bytes(array) for name, array in zip(names, results, strict=True)}
 
+    def inspect(self) -> dict[str, Any]:
+        meta = self._session.get_modelmeta()
+        measured = self.coverage.as_dict() if self.coverage is not None else {"error": self.coverage_error}
+        return {
+            "size_bytes": self.size_bytes,
+            "producer": meta.producer_name,
+            "graph": meta.graph_name,
+            "providers": self._session.get_providers(),
+            "ep_coverage": measured,
+        }
+
     def close(self) -> None:
         del self._session
+
+
+def inspect_file(path: str, providers: Sequence[str] | None = None) -> dict[str, Any]:
+    """``edgeinfer inspect``: a model file's inputs and outputs (symbolic dimensions by name), size,
+    opsets and parameters (when the ``onnx`` package is there), and its execution-provider coverage on
+    each provider (default: every one this ONNX Runtime build has, the CPU's fallback behind it)."""
+    available = ort.get_available_providers()
+    wanted = list(providers or [p for p in available if p not in _REMOTE_PROVIDERS])
+    report: dict[str, Any] = {"path": path, "size_bytes": os.path.getsize(path), "by_provider": {}}
+    for provider in wanted:
+        if provider not in available:
+            missing = f"not in this ONNX Runtime build (it has {', '.join(available)})"
+            report["by_provider"][provider] = {"error": missing}
+            continue
+        chain = tuple(dict.fromkeys([provider, "CPUExecutionProvider"]))
+        try:
+            backend = OnnxRuntimeBackend(path, OnnxRuntimeConfig(execution_providers=chain))
+        except ModelLoadError as error:
+            report["by_provider"][provider] = {"error": str(error)}
+            continue
+        details = backend.inspect()
+        measured = {"session_providers": details["providers"], **details["ep_coverage"]}
+        report["by_provider"][provider] = measured
+        if "inputs" not in report:
+            session = backend._session
+            report["inputs"] = [_described(arg) for arg in session.get_inputs()]
+            report["outputs"] = [_described(arg) for arg in session.get_outputs()]
+            report["producer"], report["graph"] = details["producer"], details["graph"]
+        backend.close()
+    report.update(_graph_facts(path))
+    return report
+
+
+_REMOTE_PROVIDERS = ("AzureExecutionProvider",)  # calls a remote endpoint: nothing to measure here
+
+
+def _described(arg: Any) -> dict[str, Any]:
+    return {"name": arg.name, "type": arg.type, "shape": list(arg.shape or [])}
+
+
+def _graph_facts(path: str) -> dict[str, Any]:
+    """Opsets, operator histogram and parameter count of the file as written, read with ``onnx`` (a
+    tool dependency, not the server's: without it these are left out)."""
+    try:
+        import onnx
+    except ImportError:
+        return {"graph_facts": "install onnx for opsets, operators and parameters of the file"}
+    model = onnx.load(path, load_external_data=False)
+    ops: dict[str, int] = {}
+    for node in model.graph.node:
+        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    parameters = sum(int(np.prod(init.dims)) for init in model.graph.initializer)
+    return {
+        "ir_version": model.ir_version,
+        "opsets": {entry.domain or "ai.onnx": entry.version for entry in model.opset_import},
+        "file_ops": dict(sorted(ops.items(), key=lambda item: -item[1])),
+        "parameters": parameters,
+    }
+
+
+def _probe(session: ort.InferenceSession, wanted: str) -> tuple[Coverage | None, str]:
+    """Run the session once on zeros (dynamic dimensions 1) while it profiles, then stop profiling for
+    good: the profile says which provider ran each node. (None, why) when the probe cannot run, as for
+    a model whose zeros are not a valid input."""
+    feed = {}
+    for arg in session.get_inputs():
+        shape = [dim if isinstance(dim, int) and dim > 0 else 1 for dim in (arg.shape or [])]
+        dtype = _PROBE_DTYPES.get(arg.type)
+        if dtype is None:
+            session.end_profiling()
+            return None, f"input {arg.name!r} has type {arg.type}"
+        feed[arg.name] = np.full(shape, "", dtype=object) if dtype is str else np.zeros(shape, dtype)
+    error = ""
+    try:
+        session.run(None, feed)
+    except Exception as exc:  # the model rejects zeros: coverage stays unknown, serving is unaffected
+        error = f"the probe run on zeros failed: {exc}"
+    profile = session.end_profiling()
+    if error:
+        return None, error
+    try:
+        with open(profile, encoding="utf-8") as file:
+            events = json.load(file)
+    except (OSError, ValueError) as exc:
+        return None, f"ONNX Runtime's profile is unreadable: {exc}"
+    return coverage(events, wanted), ""
+
+
+def _check_coverage(path: str, measured: Coverage | None, error: str, minimum: float) -> None:
+    if measured is None:
+        raise ModelLoadError(f"{path}: min_ep_coverage is {minimum} but coverage cannot be measured: {error}")
+    if measured.ratio < minimum:
+        on_wanted = round(measured.ratio * measured.nodes)
+        raise ModelLoadError(
+            f"{path}: {measured.ratio:.0%} of the nodes ({on_wanted} of {measured.nodes}) run on "
+            f"{measured.wanted}, less than min_ep_coverage {minimum:g}; these fall back: "
+            f"{measured.fallback_text()}"
+        )
+
+
+# ONNX tensor types the probe can make zeros of (strings: empty strings)
+_PROBE_DTYPES: dict[str, Any] = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+    "tensor(int8)": np.int8, "tensor(int16)": np.int16, "tensor(int32)": np.int32, "tensor(int64)": np.int64,
+    "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16, "tensor(uint32)": np.uint32,
+    "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_, "tensor(string)": str,
+}  # fmt: skip
 
 
 def _session_run(session: ort.InferenceSession) -> Any:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Mapping
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -45,6 +47,7 @@ class PipelineBackend:
     config_backend = ""
     execution_provider = "pipeline"
     warmup_applies = False  # its steps are warmed up as the models they are
+    ep_coverage: Mapping[str, float] = MappingProxyType({})  # no execution providers
 
     def __init__(self, name: str, config: PipelineConfig, run_step: StepRunner | None) -> None:
         self.name = name
@@ -103,6 +106,9 @@ class PipelineBackend:
             for task in tasks:
                 task.cancel()
         return {output.name: values[output.source] for output in self.config.outputs if output.source}
+
+    def inspect(self) -> dict[str, Any]:
+        return {"steps": [step.model for step in self.config.steps]}
 
     def close(self) -> None:
         self._run_step = None

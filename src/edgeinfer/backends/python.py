@@ -37,9 +37,10 @@ import inspect
 import logging
 import pickle
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -110,6 +111,7 @@ class PythonBackend:
     config_backend = "python"
     execution_provider = "python"
     warmup_applies = True
+    ep_coverage: Mapping[str, float] = MappingProxyType({})  # no execution providers
 
     def __init__(self, model: Model, name: str = "") -> None:
         self.model = model
@@ -172,6 +174,9 @@ class PythonBackend:
                     checked.append(error)
         return checked
 
+    def inspect(self) -> dict[str, Any]:
+        return {"model_class": f"{type(self.model).__module__}:{type(self.model).__qualname__}"}
+
     def close(self) -> None:
         close = getattr(self.model, "close", None)
         if callable(close):
@@ -207,6 +212,7 @@ class ProcessBackend:
     config_backend = "python"
     execution_provider = "python-process"
     warmup_applies = True
+    ep_coverage: Mapping[str, float] = MappingProxyType({})  # no execution providers
 
     def __init__(self, factory: ModelFactory, name: str, config: ModelConfig) -> None:
         # multiprocessing's connections cost 2 MiB of RSS: imported only by servers that use processes
@@ -218,6 +224,9 @@ class ProcessBackend:
 
     def runner(self, settings: RunnerSettings) -> Runner:
         return self._runner_class(self._pool, settings)
+
+    def inspect(self) -> dict[str, Any]:
+        return {"kind": "process"}
 
     def close(self) -> None:
         self._pool.close()

@@ -234,6 +234,7 @@ class Registry:
                 warmup_s=serving.warmup_s,
                 backend=source.config.backend,
                 execution_provider=serving.backend.execution_provider,
+                ep_coverage=tuple(serving.backend.ep_coverage.items()),
             )
         await asyncio.gather(*(serving.retire() for serving in replaced))
         return failures
@@ -248,11 +249,14 @@ class Registry:
             await serving.retire()
             raise
         serving.warmup_s = report.seconds
+        coverage = loaded.backend.ep_coverage
         log.info(
             "loaded model %s version %s on %s in %.0f ms (warmup %.0f ms: %d synthetic runs, %d samples), "
-            "max_batch_size %d",
+            "max_batch_size %d%s",
             source.name, source.version, loaded.backend.execution_provider, loaded.load_s * 1000,
             report.seconds * 1000, report.synthetic, report.samples, loaded.policy.max_batch_size,
+            "; nodes by provider: " + ", ".join(f"{p} {share:.0%}" for p, share in coverage.items())
+            if coverage else "",
         )  # fmt: skip
         return serving
 

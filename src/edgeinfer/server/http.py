@@ -11,6 +11,7 @@ Routes::
     GET  /v2/models/{m}[/versions/{v}]/ready       model readiness
     GET  /v2/models[/{m}[/versions/{v}]]/stats     statistics (Triton's extension)
     GET  /v2/models/{m}[/versions/{v}]/config      model configuration (Triton's extension)
+    GET  /v2/models/{m}[/versions/{v}]/inspect     size, providers, execution-provider coverage
     POST /v2/models/{m}[/versions/{v}]/infer       inference
     GET  /v1/models                                every model, version and state
     POST /v1/models/{m}[/versions/{v}]/predict     inference, same bodies as /infer
@@ -308,6 +309,9 @@ class V2Routes:
         if action == "config":
             _allow(request, "GET")
             return _json(200, service.model_config(name, version))
+        if action == "inspect":
+            _allow(request, "GET")
+            return _json(200, service.model_inspect(name, version))
         if action == "":
             _allow(request, "GET")
             return _json(200, service.model_metadata(name, version))
