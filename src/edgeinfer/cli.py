@@ -1,5 +1,5 @@
 """``edgeinfer`` command line: ``edgeinfer serve --config config.yaml``, ``edgeinfer inspect MODEL.onnx``,
-``edgeinfer api-key`` and ``edgeinfer --version``.
+``edgeinfer optimize``, ``edgeinfer api-key`` and ``edgeinfer --version``.
 
 The CLI declares only the handful of flags that override the config file; every other option lives in
 the YAML (see ``config.py``). Exit codes: 0 normal stop, 1 a model failed to load, 2 bad configuration.
@@ -61,6 +61,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--providers", metavar="P1,P2", help="providers to measure (default: every one this build has)"
     )
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    optimize = commands.add_parser(
+        "optimize",
+        help="a graph-optimized, FP16 or INT8 model, written only if it still answers like the original",
+        description="Graph optimization, then FP16 or INT8 if asked; the new model is compared with the "
+        "original on samples and written only if its drop in agreement is within --max-drop (exit 1 "
+        "otherwise). See docs/models.md.",
+    )
+    optimize.add_argument("model", metavar="MODEL.onnx")
+    optimize.add_argument("-o", "--output", required=True, metavar="OUT.onnx")
+    optimize.add_argument(
+        "--level",
+        choices=["disabled", "basic", "extended", "all"],
+        default="extended",
+        help="ONNX Runtime graph optimization, without --fp16/--int8 (default extended; all: a file for "
+        "CPU boxes only)",
+    )
+    precision = optimize.add_mutually_exclusive_group()
+    precision.add_argument("--fp16", action="store_true", help="convert weights and compute to FP16")
+    precision.add_argument("--int8", choices=["dynamic", "static"], help="quantize to INT8")
+    optimize.add_argument("--fp16-io", action="store_true", help="with --fp16: FP16 inputs and outputs too")
+    optimize.add_argument("--calibration", metavar="DIR", help="--int8 static: sample requests")
+    optimize.add_argument("--samples", metavar="DIR", help="sample requests to compare on (*.json, *.npz)")
+    optimize.add_argument("--max-drop", type=float, default=0.01, help="largest agreement drop (0.01)")
+    optimize.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.01,
+        help="non-classifier outputs: a row agrees within this share of the output's range (0.01)",
+    )
     commands.add_parser(
         "api-key",
         help="make a new API key and the line for a key file",
@@ -77,6 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return api_key()
     if args.command == "inspect":
         return inspect_model(args)
+    if args.command == "optimize":
+        from edgeinfer.optimize import main as optimize_main
+
+        return optimize_main(args)
     if args.command != "serve":
         parser.print_help()
         return EXIT_CONFIG

@@ -1,0 +1,410 @@
+"""``edgeinfer optimize``: a smaller or faster ONNX model, written only if it still answers like the original.
+
+    edgeinfer optimize MODEL.onnx -o OUT.onnx [--level basic|extended|all] [--fp16 | --int8 dynamic|static]
+                       [--calibration DIR] [--samples DIR] [--max-drop 0.01]
+
+1. the variant: ONNX Runtime's offline graph optimization at ``--level`` (``extended`` by default:
+   ``all`` adds layout changes only the CPU provider can run, so such a file is for CPU boxes only);
+   or, from the original graph (the converters know standard operators, not ONNX Runtime's fused
+   ones; the server optimizes the converted graph when it loads it), FP16 (the onnxconverter-common
+   converter that ONNX Runtime ships; inputs and outputs stay FP32 unless ``--fp16-io``) or
+   INT8 (ONNX Runtime's quantizer: ``dynamic`` quantizes weights and computes activation scales at
+   run time; ``static`` fixes activation scales from ``--calibration`` samples, QDQ format);
+2. the original and the new model run on the samples (``--samples``, else the calibration samples,
+   else synthetic ones: random normal inputs, which say little about accuracy — the report says so);
+   per output: the largest absolute difference and the agreement, which is top-1 agreement for a
+   classifier-like output (float, last dimension >= 2) and the share of rows within ``--tolerance``
+   (relative to the output's range) for any other; and size and time per sample of both;
+3. the drop is 1 - the lowest agreement. Above ``--max-drop`` the new model is not written and the
+   command fails (exit 1) saying by how much.
+
+Samples are files in a folder: V2 inference requests (``*.json``, as clients send them) or numpy
+archives (``*.npz``, one array per input). The pure parts (agreement, the verdict) have unit tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+Sample = dict[str, np.ndarray]
+LEVELS = ("disabled", "basic", "extended", "all")
+
+
+class OptimizeError(Exception):
+    """Something the user asked cannot be done (bad samples, a model ONNX Runtime cannot load)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputAgreement:
+    output: str
+    rows: int
+    agreeing: int
+    max_abs_diff: float
+    kind: str  # "top-1" or "within tolerance"
+
+    @property
+    def ratio(self) -> float:
+        return self.agreeing / self.rows if self.rows else 1.0
+
+
+def agreement(
+    name: str, reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray], tolerance: float
+) -> OutputAgreement:
+    """How ``candidate``'s arrays of one output agree with ``reference``'s, row by row (first dimension)."""
+    ref = _rows(reference)
+    if len(candidate) != len(reference):  # the new model lacks the output
+        return OutputAgreement(name, len(ref), 0, float("inf"), "missing")
+    new = _rows(candidate)
+    if ref.shape != new.shape:
+        return OutputAgreement(name, len(ref), 0, float("inf"), "shape")
+    numeric = ref.dtype.kind in "fiub" and new.dtype.kind in "fiub"
+    if not numeric:
+        same = int(np.sum(np.all(ref == new, axis=1)))
+        return OutputAgreement(name, len(ref), same, 0.0 if same == len(ref) else float("inf"), "equal")
+    ref64, new64 = ref.astype(np.float64), new.astype(np.float64)
+    diff = float(np.max(np.abs(ref64 - new64))) if ref64.size else 0.0
+    if ref.dtype.kind == "f" and ref.shape[1] >= 2:
+        same = int(np.sum(np.argmax(ref64, axis=1) == np.argmax(new64, axis=1)))
+        return OutputAgreement(name, len(ref), same, diff, "top-1")
+    span = float(np.max(ref64) - np.min(ref64)) if ref64.size else 0.0
+    allowed = tolerance * (span if span > 0 else 1.0)
+    same = int(np.sum(np.all(np.abs(ref64 - new64) <= allowed, axis=1)))
+    return OutputAgreement(name, len(ref), same, diff, "within tolerance")
+
+
+def _rows(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """The arrays as one 2-D array: a row per first-dimension entry (a scalar is one row)."""
+    shaped = [np.reshape(a, (a.shape[0] if a.ndim else 1, -1)) for a in map(np.asarray, arrays)]
+    return np.concatenate(shaped) if shaped else np.zeros((0, 0))
+
+
+def drop(agreements: Sequence[OutputAgreement]) -> float:
+    """1 - the lowest agreement of any output: what the new model loses on the samples."""
+    return 1.0 - min((item.ratio for item in agreements), default=1.0)
+
+
+def verdict(agreements: Sequence[OutputAgreement], max_drop: float) -> str | None:
+    """None when the drop is within ``max_drop``; else why the model is refused."""
+    lost = drop(agreements)
+    if lost <= max_drop + 1e-9:  # 1 - 196/200 is 0.020000000000000018: exactly at the limit is within
+        return None
+    worst = min(agreements, key=lambda item: item.ratio)
+    return (
+        f"{worst.kind} agreement on output {worst.output!r} is {worst.ratio:.2%} "
+        f"({worst.agreeing} of {worst.rows} rows): a drop of {lost:.4f}, over --max-drop {max_drop:g} "
+        f"by {lost - max_drop:.4f}"
+    )
+
+
+# ---- samples ----
+
+
+def load_samples(folder: Path) -> list[Sample]:
+    """Every ``*.json`` (a V2 request) and ``*.npz`` file of ``folder``, in name order."""
+    from edgeinfer.errors import EdgeInferError
+    from edgeinfer.protocol.json_codec import decode_request
+
+    files = sorted(path for path in folder.iterdir() if path.suffix in (".json", ".npz"))
+    if not files:
+        raise OptimizeError(f"{folder} has no samples (*.json V2 requests or *.npz arrays)")
+
+    def read(path: Path) -> Sample:
+        try:
+            if path.suffix == ".npz":
+                with np.load(path) as archive:
+                    return {name: archive[name] for name in archive.files}
+            return dict(decode_request(path.read_bytes()).inputs)
+        except (OSError, ValueError, EdgeInferError) as exc:
+            raise OptimizeError(f"sample {path} cannot be read: {exc}") from None
+
+    return [read(path) for path in files]
+
+
+def synthetic_samples(inputs: Sequence[Any], count: int, seed: int = 0) -> list[Sample]:
+    """Random normal floats (integers 0..9, booleans) of each input's shape, dynamic dimensions 1."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(count):
+        sample = {}
+        for arg in inputs:
+            shape = [dim if isinstance(dim, int) and dim > 0 else 1 for dim in (arg.shape or [])]
+            dtype = _NUMPY_TYPES.get(arg.type)
+            if dtype is None:
+                raise OptimizeError(f"input {arg.name!r} has type {arg.type}: give --samples")
+            kind = np.dtype(dtype).kind
+            if kind == "f":
+                sample[arg.name] = rng.standard_normal(shape).astype(dtype)
+            elif kind == "b":
+                sample[arg.name] = rng.integers(0, 2, shape).astype(dtype)
+            else:
+                sample[arg.name] = rng.integers(0, 10, shape).astype(dtype)
+        samples.append(sample)
+    return samples
+
+
+_NUMPY_TYPES: dict[str, Any] = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+    "tensor(int8)": np.int8, "tensor(int16)": np.int16, "tensor(int32)": np.int32, "tensor(int64)": np.int64,
+    "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_,
+}  # fmt: skip
+
+
+# ---- the steps ----
+
+
+class Progress:
+    """One line per step; on a terminal it counts up in place (``calibrating 37/100``)."""
+
+    def __init__(self, stream: Any = sys.stderr) -> None:
+        self._stream = stream
+        self._live = bool(getattr(stream, "isatty", lambda: False)())
+
+    def each(self, label: str, items: Sequence[Any]) -> Iterator[Any]:
+        total = len(items)
+        started = time.perf_counter()
+        for index, item in enumerate(items, start=1):
+            if self._live:
+                self._stream.write(f"\r{label} {index}/{total}")
+                self._stream.flush()
+            yield item
+        end = "\r" if self._live else ""
+        self._stream.write(f"{end}{label}: {total} in {time.perf_counter() - started:.1f} s\n")
+        self._stream.flush()
+
+    def step(self, label: str) -> None:
+        self._stream.write(f"{label}\n")
+        self._stream.flush()
+
+
+def graph_optimized(source: Path, target: Path, level: str) -> None:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = {
+        "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[level]
+    options.optimized_model_filepath = str(target)
+    options.log_severity_level = 3
+    try:
+        ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ONNX Runtime's own exception types
+        raise OptimizeError(f"ONNX Runtime cannot load {source}: {exc}") from None
+
+
+def to_fp16(source: Path, target: Path, keep_io_types: bool) -> None:
+    """ONNX Runtime's copy of onnxconverter-common's converter: onnxconverter-common 1.16 itself names
+    two Cast nodes alike when one FP32 input feeds two nodes with ``keep_io_types`` (an invalid model;
+    found on a two-head classifier), and the copy has no such bug and no extra dependency."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(onnx.load(str(source)), keep_io_types=keep_io_types)
+    onnx.save(model, str(target))
+
+
+def to_int8(
+    source: Path, target: Path, mode: str, calibration: list[Sample] | None, progress: Progress
+) -> None:
+    """ONNX Runtime's quantizer, after its pre-processing (shape inference: a graph ONNX Runtime has
+    optimized loses the types the quantizer looks up, and it stops with "Unable to find data type")."""
+    import onnx
+    from onnxruntime import quantization as q
+
+    if mode == "static" and not calibration:
+        raise OptimizeError("--int8 static needs --calibration DIR (sample requests)")
+    prepared = target.with_suffix(".prepared.onnx")
+    try:
+        q.quant_pre_process(str(source), str(prepared))
+    except Exception as exc:  # the quantizer may still manage without it
+        log.warning("quantization pre-processing failed (%s); quantizing the model as it is", exc)
+        prepared.write_bytes(source.read_bytes())
+    # tensors whose type shape inference still cannot name are FP32 (they are, before quantizing)
+    extra = {"DefaultTensorType": onnx.TensorProto.FLOAT}
+    try:
+        if mode == "dynamic":
+            q.quantize_dynamic(str(prepared), str(target), weight_type=q.QuantType.QInt8, extra_options=extra)
+        else:
+            samples = calibration or []
+
+            class Reader(q.CalibrationDataReader):  # type: ignore[misc]
+                def __init__(self) -> None:
+                    self._samples = iter(progress.each("calibrating", samples))
+
+                def get_next(self) -> Sample | None:
+                    return next(self._samples, None)
+
+            q.quantize_static(
+                str(prepared), str(target), Reader(), quant_format=q.QuantFormat.QDQ,
+                activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, extra_options=extra,
+            )  # fmt: skip
+    except OptimizeError:
+        raise
+    except Exception as exc:  # the quantizer's own failures: say what failed, not a traceback
+        raise OptimizeError(f"INT8 quantization ({mode}) failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        prepared.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    size_bytes: int
+    ms_per_sample: float
+    outputs: dict[str, list[np.ndarray]]
+
+
+def run_all(path: Path, samples: list[Sample], label: str, progress: Progress) -> Measured:
+    """Every sample through ``path`` (1 thread, CPU), best of three timed passes after the first."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise OptimizeError(f"ONNX Runtime cannot load the {label} model: {exc}") from None
+    names = [arg.name for arg in session.get_outputs()]
+    outputs: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    try:
+        for sample in progress.each(f"running the {label} model", samples):
+            for name, array in zip(names, session.run(names, sample), strict=True):
+                outputs[name].append(array)
+    except Exception as exc:
+        raise OptimizeError(f"the {label} model fails on the samples: {exc}") from None
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for sample in samples:
+            session.run(names, sample)
+        best = min(best, (time.perf_counter() - started) / len(samples))
+    return Measured(path.stat().st_size, best * 1000, outputs)
+
+
+@dataclass
+class Report:
+    variant: str
+    samples: str
+    original: Measured
+    optimized: Measured
+    agreements: list[OutputAgreement]
+    refused: str | None
+
+    def table(self) -> str:
+        lines = [
+            f"variant: {self.variant}; samples: {self.samples}",
+            "| model | size MB | ms per sample |",
+            "|---|---|---|",
+            *(
+                f"| {label} | {measured.size_bytes / 1e6:.3f} | {measured.ms_per_sample:.3f} |"
+                for label, measured in (("original", self.original), (self.variant, self.optimized))
+            ),
+            f"size x{self.optimized.size_bytes / self.original.size_bytes:.2f}, "
+            f"speed-up x{self.original.ms_per_sample / self.optimized.ms_per_sample:.2f}",
+            "| output | agreement | kind | rows | max abs diff |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {item.output} | {item.ratio:.2%} | {item.kind} | {item.rows} | {item.max_abs_diff:.3g} |"
+            for item in self.agreements
+        ]
+        lines.append(f"drop: {drop(self.agreements):.4f}")
+        return "\n".join(lines)
+
+
+def optimize(
+    source: Path,
+    target: Path,
+    level: str = "extended",
+    fp16: bool = False,
+    fp16_io: bool = False,
+    int8: str | None = None,
+    calibration: Path | None = None,
+    samples: Path | None = None,
+    max_drop: float = 0.01,
+    tolerance: float = 0.01,
+    progress: Progress | None = None,
+    synthetic_count: int = 32,
+) -> Report:
+    """Make the variant, compare it with ``source`` and write it to ``target`` unless refused."""
+    import onnxruntime as ort
+
+    progress = progress or Progress()
+    if fp16 and int8:
+        raise OptimizeError("choose --fp16 or --int8, not both")
+    calibration_samples = load_samples(calibration) if calibration is not None else None
+    if samples is not None:
+        evaluation, where = load_samples(samples), f"{samples} ({len(os.listdir(samples))} files)"
+    elif calibration_samples:
+        evaluation, where = calibration_samples, f"the calibration samples ({len(calibration_samples)})"
+    else:
+        inputs = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).get_inputs()
+        evaluation = synthetic_samples(inputs, synthetic_count)
+        where = f"{synthetic_count} synthetic (random normal inputs: give --samples for a real check)"
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-optimize-") as folder:
+        work = Path(folder)
+        # FP16 and INT8 convert the original graph: the converters know the standard operators, not the
+        # fused ones ONNX Runtime writes (its quantizer fails on those), and the server optimizes the
+        # converted graph itself when it loads it
+        if fp16:
+            variant, current = "fp16", work / "fp16.onnx"
+            progress.step("converting to FP16")
+            to_fp16(source, current, keep_io_types=not fp16_io)
+        elif int8:
+            variant, current = f"int8 {int8}", work / "int8.onnx"
+            progress.step(f"quantizing to INT8 ({int8})")
+            to_int8(source, current, int8, calibration_samples, progress)
+        else:
+            variant, current = f"graph {level}", work / "optimized.onnx"
+            progress.step(f"graph optimization ({level})")
+            graph_optimized(source, current, level)
+        original = run_all(source, evaluation, "original", progress)
+        optimized = run_all(current, evaluation, "new", progress)
+        agreements = [
+            agreement(name, original.outputs[name], optimized.outputs.get(name, []), tolerance)
+            for name in original.outputs
+        ]
+        refused = verdict(agreements, max_drop)
+        if refused is None:
+            temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            temporary.write_bytes(current.read_bytes())
+            os.replace(temporary, target)
+    return Report(variant, where, original, optimized, agreements, refused)
+
+
+def main(args: Any, out: Callable[[str], None] = print) -> int:
+    """The CLI's entry: 0 written, 1 refused (drop over --max-drop) or failed, 2 bad arguments."""
+    source = Path(args.model)
+    if not source.is_file():
+        print(f"edgeinfer optimize: no such file: {source}", file=sys.stderr)
+        return 2
+    try:
+        report = optimize(
+            source, Path(args.output), args.level, args.fp16, args.fp16_io, args.int8,
+            Path(args.calibration) if args.calibration else None,
+            Path(args.samples) if args.samples else None, args.max_drop, args.tolerance,
+        )  # fmt: skip
+    except OptimizeError as error:
+        print(f"edgeinfer optimize: {error}", file=sys.stderr)
+        return 1
+    out(report.table())
+    if report.refused is not None:
+        print(f"edgeinfer optimize: refused, {args.output} not written: {report.refused}", file=sys.stderr)
+        return 1
+    out(f"wrote {args.output}")
+    return 0

@@ -1,0 +1,111 @@
+"""`edgeinfer optimize` on real models: graph optimization, FP16 and INT8 (dynamic and static) with the
+accuracy gate; a variant over --max-drop is refused and not written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.support import ROOT, save_model
+
+
+def edgeinfer(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edgeinfer", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def classifier(path: Path, spread: float = 0.1) -> Path:
+    """X[b,64] -> hidden 100 (Relu) -> logits[b,100], and a regression head score[b,1] from X too.
+    ``spread``: how far apart the classes' weight columns are (tiny: INT8 cannot tell them apart)."""
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal((100, 1)).astype(np.float32) * 0.1
+    w2 = base + spread * rng.standard_normal((100, 100)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["X", "W"], ["H"]),
+            helper.make_node("Relu", ["H"], ["R"]),
+            helper.make_node("MatMul", ["R", "W2"], ["logits"]),
+            helper.make_node("MatMul", ["X", "V"], ["score"]),
+        ],
+        "classifier",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 64])],
+        [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 100]),
+            helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch", 1]),
+        ],
+        [
+            numpy_helper.from_array(rng.standard_normal((64, 100)).astype(np.float32) * 0.1, "W"),
+            numpy_helper.from_array(w2, "W2"),
+            numpy_helper.from_array(rng.standard_normal((64, 1)).astype(np.float32), "V"),
+        ],
+    )
+    return save_model(graph, path)
+
+
+def samples(folder: Path, count: int = 25) -> Path:
+    folder.mkdir()
+    rng = np.random.default_rng(7)
+    for index in range(count - 1):
+        np.savez(folder / f"s{index:02d}.npz", X=rng.standard_normal((4, 64)).astype(np.float32))
+    request = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]}
+    (folder / "request.json").write_text(json.dumps(request))  # what a client sends works too
+    return folder
+
+
+def test_graph_optimization_and_fp16_keep_the_answers_and_fp16_halves_the_size(tmp_path: Path):
+    model = classifier(tmp_path / "m.onnx")
+    data = samples(tmp_path / "samples")
+    plain = edgeinfer("optimize", str(model), "-o", str(tmp_path / "opt.onnx"), "--samples", str(data))
+    assert plain.returncode == 0, plain.stderr
+    assert "| logits | 100.00% | top-1 | 97 |" in plain.stdout
+    assert (tmp_path / "opt.onnx").is_file()
+    half = edgeinfer(
+        "optimize", str(model), "-o", str(tmp_path / "fp16.onnx"), "--fp16", "--samples", str(data),
+        "--max-drop", "0.005",
+    )  # fmt: skip
+    assert half.returncode == 0, half.stderr
+    assert "variant: fp16;" in half.stdout
+    assert 0.45 < (tmp_path / "fp16.onnx").stat().st_size / model.stat().st_size < 0.6
+    assert "converting to FP16" in half.stderr, "progress goes to stderr"
+
+
+def test_int8_dynamic_and_static_with_calibration(tmp_path: Path):
+    model = classifier(tmp_path / "m.onnx")
+    data = samples(tmp_path / "calibration")
+    for mode in ("dynamic", "static"):
+        out = tmp_path / f"int8-{mode}.onnx"
+        args = ["optimize", str(model), "-o", str(out), "--int8", mode, "--max-drop", "0.1"]
+        result = edgeinfer(*args, "--calibration", str(data))
+        assert result.returncode == 0, result.stderr
+        assert f"variant: int8 {mode}; samples: the calibration samples (25)" in result.stdout
+        assert out.stat().st_size < 0.4 * model.stat().st_size
+    assert "calibrating: 25 in" in result.stderr
+    static_alone = edgeinfer("optimize", str(model), "-o", str(tmp_path / "x.onnx"), "--int8", "static")
+    assert static_alone.returncode == 1
+    assert "--int8 static needs --calibration DIR" in static_alone.stderr
+
+
+def test_a_variant_over_max_drop_is_refused_and_not_written(tmp_path: Path):
+    # classes whose weights differ by less than an INT8 step: quantized, their logits tie
+    model = classifier(tmp_path / "m.onnx", spread=1e-4)
+    out = tmp_path / "int8.onnx"
+    result = edgeinfer("optimize", str(model), "-o", str(out), "--int8", "dynamic", "--max-drop", "0.01")
+    assert result.returncode == 1
+    assert f"refused, {out} not written: top-1 agreement on output 'logits' is" in result.stderr
+    assert "over --max-drop 0.01 by" in result.stderr
+    assert "synthetic (random normal inputs: give --samples for a real check)" in result.stdout
+    assert not out.exists()
+    both = edgeinfer("optimize", str(model), "-o", str(out), "--fp16", "--int8", "dynamic")
+    assert both.returncode == 2
+    assert "not allowed with argument" in both.stderr
+    absent = edgeinfer("optimize", str(tmp_path / "absent.onnx"), "-o", str(out))
+    assert (absent.returncode, absent.stderr.strip()) == (
+        2,
+        f"edgeinfer optimize: no such file: {tmp_path / 'absent.onnx'}",
+    )

@@ -1,0 +1,55 @@
+"""The accuracy gate of `edgeinfer optimize`: agreement per output, the drop, and the refusal's words."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgeinfer.optimize import OutputAgreement, agreement, drop, verdict
+
+LOGITS = np.array([[0.1, 0.9, 0.0], [0.8, 0.1, 0.1], [0.2, 0.3, 0.5], [0.4, 0.35, 0.25]], np.float32)
+
+
+@pytest.mark.parametrize(
+    ("candidate", "agreeing", "kind"),
+    [
+        (LOGITS, 4, "top-1"),
+        (LOGITS + 0.01, 4, "top-1"),  # shifted alike: the same classes win
+        (LOGITS[:, ::-1].copy(), 1, "top-1"),  # reversed: only the row whose middle class wins agrees
+    ],
+)
+def test_top1_agreement_for_classifier_outputs(candidate, agreeing, kind):
+    result = agreement("logits", [LOGITS[:2], LOGITS[2:]], [candidate[:2], candidate[2:]], 0.01)
+    assert (result.rows, result.agreeing, result.kind) == (4, agreeing, kind)
+    assert result.max_abs_diff == pytest.approx(float(np.max(np.abs(candidate - LOGITS))))
+
+
+def test_other_outputs_agree_within_a_share_of_their_range():
+    scores = [np.array([[0.0], [10.0]]), np.array([[5.0]])]  # range 10: 1 % is 0.1
+    close = [np.array([[0.05], [10.09]]), np.array([[4.95]])]
+    far = [np.array([[0.05], [10.2]]), np.array([[5.0]])]
+    assert agreement("score", scores, close, 0.01).agreeing == 3
+    assert agreement("score", scores, far, 0.01).agreeing == 2
+    assert agreement("score", scores, far, 0.01).kind == "within tolerance"
+
+
+def test_shapes_that_differ_or_a_missing_output_agree_nowhere():
+    assert agreement("y", [LOGITS], [LOGITS[:, :2]], 0.01).agreeing == 0
+    missing = agreement("y", [LOGITS], [], 0.01)
+    assert (missing.kind, missing.agreeing, missing.ratio) == ("missing", 0, 0.0)
+
+
+def test_strings_must_be_equal():
+    words = np.array([[b"a"], [b"b"]], dtype=object)
+    assert agreement("w", [words], [np.array([[b"a"], [b"c"]], dtype=object)], 0.01).agreeing == 1
+
+
+def test_the_drop_is_the_worst_output_and_the_refusal_says_by_how_much():
+    items = [OutputAgreement("logits", 200, 196, 0.1, "top-1"), OutputAgreement("score", 200, 200, 0.2, "x")]
+    assert drop(items) == pytest.approx(0.02)
+    assert verdict(items, 0.02) is None
+    assert verdict(items, 0.01) == (
+        "top-1 agreement on output 'logits' is 98.00% (196 of 200 rows): a drop of 0.0200, over "
+        "--max-drop 0.01 by 0.0100"
+    )
+    assert drop([]) == 0.0
