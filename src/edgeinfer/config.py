@@ -29,12 +29,22 @@ class _Frozen(BaseModel):
 
 
 class OnnxRuntimeConfig(_Frozen):
-    """``backend_config`` of an ONNX Runtime model."""
+    """``backend_config`` of an ONNX model: run by ONNX Runtime (``backend: onnxruntime``) or OpenVINO
+    (``backend: openvino``); each reads its own keys and the thread count."""
 
     execution_providers: tuple[str, ...] = ("CPUExecutionProvider",)
-    intra_op_num_threads: int = Field(0, ge=0, description="0 lets ONNX Runtime choose")
+    provider_options: dict[str, dict[str, str | int | float | bool]] = Field(
+        default_factory=dict,
+        description="ONNX Runtime: options per execution provider, e.g. TensorrtExecutionProvider: "
+        "{trt_fp16_enable: true, trt_engine_cache_enable: true, trt_engine_cache_path: /var/cache/trt}",
+    )
+    intra_op_num_threads: int = Field(0, ge=0, description="0 lets the runtime choose")
     inter_op_num_threads: int = Field(0, ge=0, description="0 lets ONNX Runtime choose")
     graph_optimization_level: GraphOptimizationLevel = "all"
+    device: str = Field("CPU", description="OpenVINO: the device that compiles the model (CPU, GPU, NPU)")
+    performance_hint: Literal["LATENCY", "THROUGHPUT"] = Field("LATENCY", description="OpenVINO")
+    precision: str | None = Field(None, description="OpenVINO: INFERENCE_PRECISION_HINT, e.g. f16 on a GPU")
+    cache_dir: str | None = Field(None, description="OpenVINO: keep compiled models here for the next load")
 
 
 class VersionPolicy(_Frozen):
@@ -95,6 +105,9 @@ class PipelineStep(_Frozen):
     model: str
     version: str | None = None
     inputs: dict[str, str]
+    budget_ms: float | None = Field(
+        None, gt=0, description="this step's share of the pipeline's latency: longer runs are counted"
+    )
 
 
 class SloConfig(_Frozen):
@@ -202,7 +215,7 @@ class ModelConfig(_Frozen):
 
     model_path: str | None = None
     sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$", description="checks an http(s) model_path")
-    backend: Literal["onnxruntime", "python", "pipeline"] = "onnxruntime"
+    backend: Literal["onnxruntime", "openvino", "python", "pipeline"] = "onnxruntime"
     pipeline: PipelineConfig | None = None
     model_class: str | None = Field(None, description="python backend: 'package.module:ClassName'")
     parameters: dict[str, Any] = Field(default_factory=dict, description="python backend: constructor kwargs")

@@ -44,6 +44,7 @@ class _SnapshotCollector(Collector):
         self._limits = sorted(snapshot.get("limits", {}).items())
         self._auth = sorted(snapshot.get("auth", {}).items())
         self._shadows = sorted(snapshot.get("shadows", {}).items())
+        self._steps = sorted(snapshot.get("steps", {}).items())
         self._process = process
         self._workers = workers
 
@@ -157,6 +158,7 @@ class _SnapshotCollector(Collector):
             auth.add_metric(key.split(" ", 1), count)
         yield from (limits, auth)
         yield from _shadow_families(self._shadows)
+        yield from _step_families(self._steps)
         yield from _process_families(self._process)
         if self._workers is not None:
             yield from _worker_families(self._workers)
@@ -214,6 +216,24 @@ def _shadow_families(shadows: list[tuple[str, dict[str, Any]]]) -> Iterator[Metr
             rows.add_metric([model, candidate, output, "true"], agreeing)
             rows.add_metric([model, candidate, output, "false"], compared - agreeing)
     yield from (requests, diffs, rows)
+
+
+def _step_families(steps: list[tuple[str, dict[str, Any]]]) -> Iterator[Metric]:
+    durations = HistogramMetricFamily(
+        PREFIX + "pipeline_step_duration_seconds",
+        "Time of each pipeline step's own request (from sending it to its model to the answer)",
+        labels=["pipeline", "step", "model"],
+    )
+    over = CounterMetricFamily(
+        PREFIX + "pipeline_step_over_budget",
+        "Pipeline step runs that took longer than the step's budget_ms",
+        labels=["pipeline", "step", "model"],
+    )
+    for key, stats in steps:
+        labels = key.split("\x00")
+        durations.add_metric(labels, _buckets(stats["duration"], LATENCY_BUCKETS_S), stats["duration"]["sum"])
+        over.add_metric(labels, stats["over_budget"])
+    yield from (durations, over)
 
 
 def _per_model(

@@ -23,6 +23,8 @@ Exported, all prefixed ``edgeinfer_`` with units in the names:
     model_ready{model,version}                                           1 when every worker serves it
     model_info{model,version,backend,execution_provider}
     model_ep_coverage_ratio{model,version,provider}          share of an ONNX model's nodes each provider runs
+    pipeline_step_duration_seconds{pipeline,step,model}      histogram: each pipeline step's own request
+    pipeline_step_over_budget_total{pipeline,step,model}     step runs longer than the step's budget_ms
     requests_refused_total{model,version,reason}                 reason: queue_full, slo, deadline
     batch_cost_seconds{model,version,part}                       the learned per_batch / per_row cost
     model_degraded{model,fallback}                               workers routing to the fallback
@@ -227,10 +229,22 @@ class LadderGauges:
     p95_s: float | None
 
 
+@dataclass
+class StepStats:
+    """One pipeline step's times, and how many were over its ``budget_ms``."""
+
+    duration: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
+    over_budget: int = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"duration": self.duration.snapshot(), "over_budget": self.over_budget}
+
+
 class Metrics:
     """The counters of every model version of this process."""
 
     def __init__(self) -> None:
+        self.steps: dict[tuple[str, str, str], StepStats] = {}  # by (pipeline, step, model)
         self.models: dict[tuple[str, str], ModelMetrics] = {}
         self.shadows: dict[tuple[str, str], ShadowStats] = {}  # by (model, candidate)
         self.limits: dict[str, int] = {}  # refusals by limit: body_size, rows, header_timeout, ...
@@ -241,6 +255,13 @@ class Metrics:
         if stats is None:
             stats = self.shadows[model, candidate] = ShadowStats()
         return stats
+
+    def observe_step(self, pipeline: str, step: str, model: str, seconds: float, over_budget: bool) -> None:
+        stats = self.steps.get((pipeline, step, model))
+        if stats is None:
+            stats = self.steps[pipeline, step, model] = StepStats()
+        stats.duration.observe(seconds)
+        stats.over_budget += over_budget
 
     def limit_refused(self, limit: str) -> None:
         self.limits[limit] = self.limits.get(limit, 0) + 1
@@ -289,6 +310,7 @@ class Metrics:
             "shadows": {
                 _key(model, candidate): stats.snapshot() for (model, candidate), stats in self.shadows.items()
             },
+            "steps": {"\x00".join(key): stats.snapshot() for key, stats in self.steps.items()},
             "ladders": {
                 ladder.name: {
                     "fallback": ladder.fallback,
@@ -361,7 +383,18 @@ def merge(snapshots: list[Snapshot]) -> Snapshot:
     for snapshot in snapshots:
         for key, stats in snapshot.get("shadows", {}).items():
             _add_shadow(shadows.setdefault(key, {"results": {}, "diffs": {}, "rows": {}}), stats)
-    return {"models": models, "ladders": ladders, "loop_lag_s": lag, "shadows": shadows, **counts}
+    steps: dict[str, dict[str, Any]] = {}
+    for snapshot in snapshots:
+        for key, stats in snapshot.get("steps", {}).items():
+            mine = steps.setdefault(key, {"duration": None, "over_budget": 0})
+            if mine["duration"] is None:
+                mine["duration"] = _copy_histogram(stats["duration"])
+            else:
+                _add_histogram(mine["duration"], stats["duration"])
+            mine["over_budget"] += stats["over_budget"]
+    return {
+        "models": models, "ladders": ladders, "loop_lag_s": lag, "shadows": shadows, "steps": steps, **counts
+    }  # fmt: skip
 
 
 def _add_shadow(into: dict[str, Any], stats: dict[str, Any]) -> None:

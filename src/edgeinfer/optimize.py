@@ -8,8 +8,9 @@
    or, from the original graph (the converters know standard operators, not ONNX Runtime's fused
    ones; the server optimizes the converted graph when it loads it), FP16 (the onnxconverter-common
    converter that ONNX Runtime ships; inputs and outputs stay FP32 unless ``--fp16-io``) or
-   INT8 (ONNX Runtime's quantizer: ``dynamic`` quantizes weights and computes activation scales at
-   run time; ``static`` fixes activation scales from ``--calibration`` samples, QDQ format);
+   INT8 (ONNX Runtime's quantizer: ``dynamic`` quantizes the weights of MatMul and Gemm and computes
+   activation scales at run time; ``static`` quantizes every operator it can, with activation scales
+   fixed from ``--calibration`` samples, QDQ format);
 2. the original and the new model run on the samples (``--samples``, else the calibration samples,
    else synthetic ones: random normal inputs, which say little about accuracy — the report says so);
    per output: the largest absolute difference and the agreement, which is top-1 agreement for a
@@ -220,8 +221,9 @@ def to_fp16(source: Path, target: Path, keep_io_types: bool) -> None:
 def to_int8(
     source: Path, target: Path, mode: str, calibration: list[Sample] | None, progress: Progress
 ) -> None:
-    """ONNX Runtime's quantizer, after its pre-processing (shape inference: a graph ONNX Runtime has
-    optimized loses the types the quantizer looks up, and it stops with "Unable to find data type")."""
+    """ONNX Runtime's quantizer, after its pre-processing: shape inference (without the types, the
+    quantizer stops with "Unable to find data type") and weights as initializers (exporters such as
+    Paddle2ONNX write them as Constant nodes, which the quantizer does not take)."""
     import onnx
     from onnxruntime import quantization as q
 
@@ -230,14 +232,22 @@ def to_int8(
     prepared = target.with_suffix(".prepared.onnx")
     try:
         q.quant_pre_process(str(source), str(prepared))
-    except Exception as exc:  # the quantizer may still manage without it
-        log.warning("quantization pre-processing failed (%s); quantizing the model as it is", exc)
-        prepared.write_bytes(source.read_bytes())
+    except Exception:  # symbolic shape inference gives up on some exported graphs: ONNX's alone then
+        try:  # (it still turns Constant-node weights into initializers, which the quantizer needs)
+            q.quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+        except Exception as exc:  # the quantizer may still manage without it
+            log.warning("quantization pre-processing failed (%s); quantizing the model as it is", exc)
+            prepared.write_bytes(source.read_bytes())
     # tensors whose type shape inference still cannot name are FP32 (they are, before quantizing)
     extra = {"DefaultTensorType": onnx.TensorProto.FLOAT}
     try:
-        if mode == "dynamic":
-            q.quantize_dynamic(str(prepared), str(target), weight_type=q.QuantType.QInt8, extra_options=extra)
+        if mode == "dynamic":  # MatMul and Gemm only: ONNX Runtime's ConvInteger is slower than its FP32
+            # convolution on CPUs (2.3x on the bench CNN) and, with INT8 weights, wrong on some models
+            # (PP-OCRv4's recogniser read nothing but blanks); convolutional models want --int8 static
+            q.quantize_dynamic(
+                str(prepared), str(target), weight_type=q.QuantType.QInt8, extra_options=extra,
+                op_types_to_quantize=["MatMul", "Gemm"],
+            )  # fmt: skip
         else:
             samples = calibration or []
 

@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.support import ROOT, ServerProcess, free_port, infer_body, matmul_model, request
+from tests.support import ROOT, ServerProcess, free_port, infer_body, matmul_model, metric, request, scrape
 
 PIPELINE = """
 models:
@@ -37,9 +37,9 @@ models:
         - {name: SCORES, datatype: FP32, shape: [-1, 16], from: model.Y}
         - {name: NEGATED, datatype: FP32, shape: [-1, 16], from: side.neg}
       steps:
-        - {name: pre, model: scale, inputs: {x: INPUT}}
+        - {name: pre, model: scale, inputs: {x: INPUT}, budget_ms: 0.001}  # no step is that fast
         - {name: side, model: negate, inputs: {x: INPUT}}
-        - {name: model, model: mm, inputs: {X: pre.y}}
+        - {name: model, model: mm, inputs: {X: pre.y}, budget_ms: 60000}
         - {name: post, model: topk, inputs: {scores: model.Y}}
 """
 
@@ -69,6 +69,30 @@ def test_results_equal_running_the_steps_by_hand(pipeline_server):
         np.array(outputs["TOP"]["data"]).reshape(3, 3).tolist() == np.argsort(-scores, axis=1)[:, :3].tolist()
     )
     np.testing.assert_array_equal(np.array(outputs["NEGATED"]["data"], np.float32).reshape(3, 16), -x)
+
+
+def test_each_step_is_timed_and_runs_over_its_budget_are_counted(pipeline_server):
+    server, _ = pipeline_server
+
+    def counts() -> dict[str, tuple[float, float]]:
+        samples = scrape(server.port)
+        found = {}
+        for step, model in (("pre", "scale"), ("model", "mm"), ("post", "topk")):
+            labels = {"pipeline": "pipe", "step": step, "model": model}
+            found[step] = (
+                metric(samples, "edgeinfer_pipeline_step_duration_seconds_count", **labels),
+                metric(samples, "edgeinfer_pipeline_step_over_budget_total", **labels),
+            )
+        return found
+
+    before = counts()
+    for _ in range(5):
+        body = infer_body({"INPUT": np.ones((1, 16), np.float32)})
+        assert request(server.port, "POST", "/v2/models/pipe/infer", body).status == 200
+    after = counts()
+    assert after["pre"] == (before["pre"][0] + 5, before["pre"][1] + 5), "every run over 0.001 ms"
+    assert after["model"] == (before["model"][0] + 5, before["model"][1]), "none over a minute"
+    assert after["post"] == (before["post"][0] + 5, 0), "no budget: never over"
 
 
 def test_pipeline_metadata_and_validation(pipeline_server):

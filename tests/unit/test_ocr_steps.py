@@ -39,10 +39,11 @@ def test_db_boxes_keep_confident_regions_unclipped_and_scaled():
     assert boxes[0].tolist() == pytest.approx(expected, rel=1e-5)
 
 
-def test_the_detector_input_has_a_short_side_of_736_in_multiples_of_32():
+def test_the_detector_input_is_at_most_960_long_in_multiples_of_32():
     image = np.full((100, 300, 3), 255, np.uint8)
     batch = det_input(image)
-    assert batch.shape == (1, 3, 736, 2208)
+    assert batch.shape == (1, 3, 96, 288), "small images keep their size (rounded to 32)"
+    assert det_input(np.zeros((1500, 3000, 3), np.uint8)).shape == (1, 3, 480, 960)
     assert batch.dtype == np.float32
     assert float(batch.max()) == pytest.approx(1.0)
     assert fitted(image, 48, 320).shape == (3, 48, 320)

@@ -63,6 +63,12 @@ class Backend(Protocol):
 
 # Runs one request on another model, through its queue: (model, version, request) -> outputs.
 StepRunner = Callable[[str, "str | None", InferRequest], Awaitable[Tensors]]
+# Counts one pipeline step: (pipeline, step, model, seconds, over its budget_ms)
+StepObserver = Callable[[str, str, str, float, bool], None]
+
+
+def ignore_step(pipeline: str, step: str, model: str, seconds: float, over_budget: bool) -> None:
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +76,12 @@ class LoadContext:
     """What the server lends backends when they load (given by the composition root)."""
 
     run_step: StepRunner | None = None  # how a pipeline's steps reach their models
+    observe_step: StepObserver = ignore_step  # where a pipeline's step times go (metrics)
 
 
 _BACKEND_MODULES = {
     "onnxruntime": "edgeinfer.backends.onnxruntime",
+    "openvino": "edgeinfer.backends.openvino",
     "python": "edgeinfer.backends.python",
     "pipeline": "edgeinfer.backends.pipeline",
 }

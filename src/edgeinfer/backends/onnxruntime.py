@@ -79,8 +79,10 @@ class OnnxRuntimeBackend:
         options.enable_profiling = True  # for one probe run below: which provider runs which node
         options.profile_file_prefix = os.path.join(profile_dir, "profile")
         try:
+            chain = [(name, config.provider_options[name]) if name in config.provider_options else name
+                     for name in providers]  # fmt: skip
             try:
-                self._session = ort.InferenceSession(path, options, providers=providers)
+                self._session = ort.InferenceSession(path, options, providers=chain)
             except Exception as exc:  # ONNX Runtime raises its own exception types for every failure
                 raise ModelLoadError(f"ONNX Runtime cannot load {path}: {exc}") from None
             self.coverage, self.coverage_error = _probe(self._session, wanted)

@@ -15,12 +15,18 @@ Each step is an ordinary inference request to its model, through that model's ow
 so pipeline traffic and direct traffic to a step model batch together. A step starts as soon as the
 tensors it needs exist, so independent steps run concurrently. An error names the step and its model
 and keeps its kind (a bad input stays a 400).
+
+Each step's time (its own request, from sending to answer; not the wait for the steps before it) goes
+to ``LoadContext.observe_step``: the server keeps it per pipeline and step as a histogram, and counts
+the runs over the step's ``budget_ms``. Every step request is also an access-log line of its own, with
+the pipeline request's id and ``/<step>``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from types import MappingProxyType
@@ -28,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.backends import LoadContext, StepRunner
+from edgeinfer.backends import LoadContext, StepObserver, StepRunner, ignore_step
 from edgeinfer.config import ModelConfig, PipelineConfig
 from edgeinfer.errors import EdgeInferError, InferenceFailed, ModelLoadError
 from edgeinfer.protocol.types import InferRequest, TensorSpec
@@ -49,12 +55,19 @@ class PipelineBackend:
     warmup_applies = False  # its steps are warmed up as the models they are
     ep_coverage: Mapping[str, float] = MappingProxyType({})  # no execution providers
 
-    def __init__(self, name: str, config: PipelineConfig, run_step: StepRunner | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: PipelineConfig,
+        run_step: StepRunner | None,
+        observe_step: StepObserver = ignore_step,
+    ) -> None:
         self.name = name
         self.config = config
         self.inputs = tuple(TensorSpec(t.name, t.datatype, t.shape) for t in config.inputs)
         self.outputs = tuple(TensorSpec(t.name, t.datatype, t.shape) for t in config.outputs)
         self._run_step = run_step
+        self._observe_step = observe_step
         _check_wiring(name, config)
 
     def runner(self, settings: RunnerSettings) -> Runner:
@@ -69,7 +82,7 @@ class PipelineBackend:
     async def _run(self, inputs: Tensors, parameters: dict[str, Any], request_id: str | None) -> Tensors:
         if self._run_step is None:
             raise InferenceFailed(f"pipeline {self.name!r} is not connected to its models")
-        send = self._run_step
+        send, observe = self._run_step, self._observe_step
         values: dict[str, np.ndarray] = dict(inputs)
         done: dict[str, asyncio.Future[None]] = {}
 
@@ -83,12 +96,16 @@ class PipelineBackend:
                     key: value for key, value in parameters.items() if key in ("timeout", "priority")
                 },
             )
+            started = time.perf_counter()
             try:
                 outputs = await send(step.model, step.version, request)
             except EdgeInferError as error:
                 raise type(error)(
                     f"pipeline {self.name!r} step {step.name!r} (model {step.model!r}): {error}"
                 ) from None
+            seconds = time.perf_counter() - started
+            over = step.budget_ms is not None and seconds * 1000 > step.budget_ms
+            observe(self.name, step.name, step.model, seconds, over)
             for output_name, array in outputs.items():
                 values[f"{step.name}.{output_name}"] = array
 
@@ -173,4 +190,4 @@ def _check_wiring(name: str, config: PipelineConfig) -> None:
 
 def load(path: str, config: ModelConfig, name: str, context: LoadContext) -> PipelineBackend:
     assert config.pipeline is not None
-    return PipelineBackend(name, config.pipeline, context.run_step)
+    return PipelineBackend(name, config.pipeline, context.run_step, context.observe_step)

@@ -133,7 +133,7 @@ class Server:
             assert service is not None
             await service.local_load(name)
 
-        registry = Registry(metrics, LoadContext(run_step=run_step))
+        registry = Registry(metrics, LoadContext(run_step=run_step, observe_step=metrics.observe_step))
         canaries = None
         if config.canaries and cluster is None:  # with workers the supervisor runs them (one decision)
 
