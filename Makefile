@@ -68,6 +68,8 @@ bench: $(STAMP)
 		apt-get update -qq && apt-get install -y -qq wrk nghttp2-client >/dev/null; }
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/footprint.py
+	cd bench && ../$(BIN)/python runtimes.py
+	$(BIN)/python bench/ocr.py
 
 models: $(STAMP)
 	$(BIN)/python scripts/make_example_models.py examples/model_repository

@@ -208,13 +208,23 @@ def _graph_facts(path: str) -> dict[str, Any]:
     }
 
 
+PROBE_SIZE = 64
+
+
 def _probe(session: ort.InferenceSession, wanted: str) -> tuple[Coverage | None, str]:
-    """Run the session once on zeros (dynamic dimensions 1) while it profiles, then stop profiling for
-    good: the profile says which provider ran each node. (None, why) when the probe cannot run, as for
-    a model whose zeros are not a valid input."""
+    """Run the session once on zeros (dynamic dimensions: 1 for the batch, 64 for others) while it
+    profiles, then stop profiling for good: the profile says which provider ran each node. (None,
+    why) when the probe cannot run, as for a model whose zeros are not a valid input.
+
+    A provider that compiles a subgraph (OpenVINO, TensorRT) runs it as one node: its node share
+    then undercounts what it runs, and the time share tells more."""
     feed = {}
     for arg in session.get_inputs():
-        shape = [dim if isinstance(dim, int) and dim > 0 else 1 for dim in (arg.shape or [])]
+        # a dynamic first (batch) dimension is 1; any other 64, room for a CNN's pooling or a sequence
+        shape = [
+            dim if isinstance(dim, int) and dim > 0 else (1 if index == 0 else PROBE_SIZE)
+            for index, dim in enumerate(arg.shape or [])
+        ]
         dtype = _PROBE_DTYPES.get(arg.type)
         if dtype is None:
             session.end_profiling()
