@@ -68,7 +68,7 @@ bench: $(STAMP)
 		apt-get update -qq && apt-get install -y -qq wrk nghttp2-client >/dev/null; }
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/footprint.py
-	cd bench && ../$(BIN)/python runtimes.py
+	$(BIN)/python bench/runtimes.py
 	$(BIN)/python bench/ocr.py
 
 models: $(STAMP)
