@@ -271,6 +271,12 @@ def test_a_quiet_box_holds_its_step_and_the_api_steers(server: ServerProcess):
     with pytest.raises(grpc.RpcError) as unknown_over_grpc:
         rollout(port, "CanaryAction", model_name="nothing", action="pause")
     assert unknown_over_grpc.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as no_action:
+        rollout(port, "CanaryAction", model_name="quiet")
+    assert no_action.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (
+        no_action.value.details() == "CanaryAction needs an 'action': start, pause, resume, promote or abort"
+    )
     assert post("abort").status == 200
     unknown = request(server.port, "POST", "/v2/canaries/nothing/pause")
     assert (unknown.status, unknown.error) == (

@@ -72,7 +72,7 @@ def test_the_endpoint_the_metric_and_the_log_line_show_coverage(server: ServerPr
     )
     assert f"nodes by provider: {CPU} 100%" in server.log()
     unknown = request(server.port, "GET", "/v2/models/nothing/inspect")
-    assert unknown.status == 404
+    assert (unknown.status, unknown.error) == (404, "unknown model 'nothing'")
 
 
 def test_min_ep_coverage_refuses_a_model_that_would_run_elsewhere(server: ServerProcess):
