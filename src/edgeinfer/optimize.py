@@ -63,32 +63,42 @@ class OutputAgreement:
 def agreement(
     name: str, reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray], tolerance: float
 ) -> OutputAgreement:
-    """How ``candidate``'s arrays of one output agree with ``reference``'s, row by row (first dimension)."""
-    ref = _rows(reference)
-    if len(candidate) != len(reference):  # the new model lacks the output
-        return OutputAgreement(name, len(ref), 0, float("inf"), "missing")
-    new = _rows(candidate)
-    if ref.shape != new.shape:
-        return OutputAgreement(name, len(ref), 0, float("inf"), "shape")
-    numeric = ref.dtype.kind in "fiub" and new.dtype.kind in "fiub"
-    if not numeric:
-        same = int(np.sum(np.all(ref == new, axis=1)))
-        return OutputAgreement(name, len(ref), same, 0.0 if same == len(ref) else float("inf"), "equal")
-    ref64, new64 = ref.astype(np.float64), new.astype(np.float64)
-    diff = float(np.max(np.abs(ref64 - new64))) if ref64.size else 0.0
-    if ref.dtype.kind == "f" and ref.shape[1] >= 2:
-        same = int(np.sum(np.argmax(ref64, axis=1) == np.argmax(new64, axis=1)))
-        return OutputAgreement(name, len(ref), same, diff, "top-1")
-    span = float(np.max(ref64) - np.min(ref64)) if ref64.size else 0.0
+    """How ``candidate``'s arrays of one output agree with ``reference``'s, row by row (first dimension),
+    sample by sample (samples may differ in their other dimensions: a recogniser's sequence length).
+
+    A float output whose last dimension has two or more classes agrees by top-1 along it, at every
+    position (a classifier's row; each step of a sequence); any other numeric output when every value
+    is within ``tolerance`` of the reference's range; strings when equal.
+    """
+    refs, news = [np.asarray(a) for a in reference], [np.asarray(a) for a in candidate]
+    rows = sum(a.shape[0] if a.ndim else 1 for a in refs)
+    if len(news) != len(refs):  # the new model lacks the output
+        return OutputAgreement(name, rows, 0, float("inf"), "missing")
+    numeric = all(a.dtype.kind in "fiub" for a in (*refs, *news))
+    first = refs[0] if refs else np.zeros(0)
+    classes = numeric and first.dtype.kind == "f" and first.ndim >= 2 and first.shape[-1] >= 2
+    kind = "top-1" if classes else "within tolerance" if numeric else "equal"
+    span = max((float(a.max() - a.min()) for a in refs if numeric and a.size), default=0.0)
     allowed = tolerance * (span if span > 0 else 1.0)
-    same = int(np.sum(np.all(np.abs(ref64 - new64) <= allowed, axis=1)))
-    return OutputAgreement(name, len(ref), same, diff, "within tolerance")
-
-
-def _rows(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """The arrays as one 2-D array: a row per first-dimension entry (a scalar is one row)."""
-    shaped = [np.reshape(a, (a.shape[0] if a.ndim else 1, -1)) for a in map(np.asarray, arrays)]
-    return np.concatenate(shaped) if shaped else np.zeros((0, 0))
+    agreeing, diff = 0, 0.0
+    for ref, new in zip(refs, news, strict=True):
+        count = ref.shape[0] if ref.ndim else 1
+        if ref.shape != new.shape:
+            diff = float("inf")
+            continue
+        if not numeric:
+            same = np.all((ref == new).reshape(count, -1), axis=1)
+        else:
+            ref64, new64 = ref.astype(np.float64), new.astype(np.float64)
+            diff = max(diff, float(np.max(np.abs(ref64 - new64))) if ref.size else 0.0)
+            if classes:
+                same = np.all((np.argmax(ref64, -1) == np.argmax(new64, -1)).reshape(count, -1), axis=1)
+            else:
+                same = np.all((np.abs(ref64 - new64) <= allowed).reshape(count, -1), axis=1)
+        agreeing += int(np.sum(same))
+    if not numeric and agreeing < rows:
+        diff = float("inf")
+    return OutputAgreement(name, rows, agreeing, diff, kind)
 
 
 def drop(agreements: Sequence[OutputAgreement]) -> float:

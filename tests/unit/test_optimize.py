@@ -53,3 +53,15 @@ def test_the_drop_is_the_worst_output_and_the_refusal_says_by_how_much():
         "--max-drop 0.01 by 0.0100"
     )
     assert drop([]) == 0.0
+
+
+def test_sequences_agree_position_by_position_and_may_differ_in_length_between_samples():
+    """A CTC recogniser's [rows, positions, classes]: each sample has its own sequence length."""
+    rng = np.random.default_rng(0)
+    short, long = rng.random((2, 5, 7)), rng.random((3, 9, 7))
+    changed = long.copy()
+    changed[1, 4] = changed[1, 4, ::-1]  # one position of one row now has another best class
+    result = agreement("probs", [short, long], [short, changed], 0.01)
+    assert (result.rows, result.agreeing, result.kind) == (5, 4, "top-1")
+    shape_changed = agreement("probs", [short, long], [short, long[:, :8]], 0.01)
+    assert (shape_changed.agreeing, shape_changed.max_abs_diff) == (2, float("inf"))
