@@ -83,13 +83,18 @@ class AccessLog:
             "compute_ms": round(trace.compute_s * 1000, 3),
             "total_ms": round(total_s * 1000, 3),
         }
+        steps = ""
+        if trace.steps:  # a pipeline: each step's own time
+            steps_ms = {step: round(seconds * 1000, 3) for step, seconds in trace.steps.items()}
+            fields["steps_ms"] = steps_ms
+            steps = " steps=" + ",".join(f"{step}:{ms:.2f}ms" for step, ms in steps_ms.items())
         if outcome.error is not None:
             fields["error"] = str(outcome.error)
         self._logger.log(
             level,
-            "%s %s/%s %s rows=%d batch=%d queue=%.2fms compute=%.2fms total=%.2fms id=%s%s",
+            "%s %s/%s %s rows=%d batch=%d queue=%.2fms compute=%.2fms total=%.2fms%s id=%s%s",
             outcome.protocol, model, version, status, outcome.rows, trace.batch_rows,
-            fields["queue_ms"], fields["compute_ms"], fields["total_ms"], outcome.request_id,
+            fields["queue_ms"], fields["compute_ms"], fields["total_ms"], steps, outcome.request_id,
             f" error={fields['error']}" if outcome.error is not None else "",
             extra=fields,
         )  # fmt: skip

@@ -14,11 +14,13 @@ from edgeinfer.metrics import ModelMetrics
 
 @dataclass(slots=True)
 class RequestTrace:
-    """Where one request's time went, filled in by the batcher (for access logs)."""
+    """Where one request's time went, filled in by the batcher (and a pipeline's steps: their seconds
+    by step name, lent to the pipeline with the request), for access logs."""
 
     queue_s: float = 0.0
     batch_rows: int = 0
     compute_s: float = 0.0
+    steps: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -555,7 +555,12 @@ class InferenceCall:
         self._model, self._version = entry.name, entry.version  # a fallback's, or another routed model's
         self._output_parameters = serving.output_parameters
         work = Work(
-            request.inputs, checked.rows, checked.output_names, request.parameters, outcome.request_id
+            request.inputs,
+            checked.rows,
+            checked.output_names,
+            request.parameters,
+            outcome.request_id,
+            outcome.trace.steps,
         )
         answer = serving.batcher.submit(
             work,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +12,17 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.support import ROOT, ServerProcess, free_port, infer_body, matmul_model, metric, request, scrape
+from tests.support import (
+    ROOT,
+    ServerProcess,
+    free_port,
+    infer_body,
+    matmul_model,
+    metric,
+    request,
+    scrape,
+    wait_for,
+)
 
 PIPELINE = """
 models:
@@ -93,6 +104,16 @@ def test_each_step_is_timed_and_runs_over_its_budget_are_counted(pipeline_server
     assert after["pre"] == (before["pre"][0] + 5, before["pre"][1] + 5), "every run over 0.001 ms"
     assert after["model"] == (before["model"][0] + 5, before["model"][1]), "none over a minute"
     assert after["post"] == (before["post"][0] + 5, 0), "no budget: never over"
+    # the pipeline request's access-log line lists each step's time; each step has a line of its own
+    body = infer_body({"INPUT": np.ones((1, 16), np.float32)}, id="steps-1")
+    assert request(server.port, "POST", "/v2/models/pipe/infer", body).status == 200
+    wait_for(lambda: '"request_id":"steps-1"' in server.log(), what="the access-log line")
+    lines = [json.loads(line) for line in server.log().splitlines() if '"request_id":"steps-1' in line]
+    [pipeline_line] = [line for line in lines if line["request_id"] == "steps-1"]
+    assert set(pipeline_line["steps_ms"]) == {"pre", "side", "model", "post"}
+    assert all(ms > 0 for ms in pipeline_line["steps_ms"].values())
+    assert " steps=pre:" in pipeline_line["message"] or " steps=side:" in pipeline_line["message"]
+    assert {line["request_id"] for line in lines} >= {"steps-1/pre", "steps-1/model", "steps-1/post"}
 
 
 def test_pipeline_metadata_and_validation(pipeline_server):

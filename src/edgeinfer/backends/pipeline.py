@@ -18,8 +18,8 @@ and keeps its kind (a bad input stays a 400).
 
 Each step's time (its own request, from sending to answer; not the wait for the steps before it) goes
 to ``LoadContext.observe_step``: the server keeps it per pipeline and step as a histogram, and counts
-the runs over the step's ``budget_ms``. Every step request is also an access-log line of its own, with
-the pipeline request's id and ``/<step>``.
+the runs over the step's ``budget_ms``; the pipeline request's access-log line lists every step's time
+(``steps_ms``), and each step request is an access-log line of its own (id ``<request id>/<step>``).
 """
 
 from __future__ import annotations
@@ -75,11 +75,17 @@ class PipelineBackend:
         return AsyncRunner(self.execute, replace(settings, concurrency=concurrency, prefetch=0))
 
     async def execute(self, batch: list[Work]) -> list[Result]:
-        runs = (self._run(work.inputs, work.parameters, work.request_id) for work in batch)
+        runs = (self._run(work.inputs, work.parameters, work.request_id, work.steps) for work in batch)
         results = await asyncio.gather(*runs, return_exceptions=True)
         return list(results)
 
-    async def _run(self, inputs: Tensors, parameters: dict[str, Any], request_id: str | None) -> Tensors:
+    async def _run(
+        self,
+        inputs: Tensors,
+        parameters: dict[str, Any],
+        request_id: str | None,
+        steps: dict[str, float] | None,
+    ) -> Tensors:
         if self._run_step is None:
             raise InferenceFailed(f"pipeline {self.name!r} is not connected to its models")
         send, observe = self._run_step, self._observe_step
@@ -106,6 +112,8 @@ class PipelineBackend:
             seconds = time.perf_counter() - started
             over = step.budget_ms is not None and seconds * 1000 > step.budget_ms
             observe(self.name, step.name, step.model, seconds, over)
+            if steps is not None:
+                steps[step.name] = seconds
             for output_name, array in outputs.items():
                 values[f"{step.name}.{output_name}"] = array
 

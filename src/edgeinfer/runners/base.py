@@ -26,6 +26,7 @@ class Work:
     output_names: frozenset[str] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     request_id: str | None = None
+    steps: dict[str, float] | None = None  # a pipeline puts each step's seconds here (the caller's trace)
 
 
 @dataclass(slots=True)
