@@ -44,6 +44,8 @@ sys.path.insert(0, str(ROOT / "src"))
 import steps  # noqa: E402  (examples/ocr)
 from render import render  # noqa: E402
 
+import edgeinfer  # noqa: E402
+
 VOCABULARY = (
     "edge inference server model batch queue latency order invoice serial pressure battery gate sensor "
     "camera frame device update status voltage motor valve pump line station total"
@@ -80,31 +82,30 @@ def session(path: Path, threads: int = 2) -> ort.InferenceSession:
 
 
 class ByHand:
-    """The OCR chain in one process: the example's steps and three sessions, no server."""
+    """The OCR chain in one process: the example's own Python steps (examples/ocr/steps.py) called
+    directly, and three sessions; no server, no queues."""
 
     def __init__(self, det: Path, cls: Path, rec: Path) -> None:
         self.det, self.cls, self.rec = session(det), session(cls), session(rec)
-        self.characters = steps.read_characters(OCR / "keys.txt")
+        self.pre, self.boxes, self.crops = steps.OcrPreprocess(), steps.OcrBoxes(), steps.OcrCrops()
+        self.decode = steps.OcrDecode()
+        self.decode.load()
 
     def read(self, png: bytes) -> list[str]:
-        bgr, _ = steps.letterboxed(steps.decode_image(png))
-        (probability,) = self.det.run(None, {"x": steps.det_input(bgr)})
-        boxes, _ = steps.db_boxes(probability[0, 0], bgr.shape[:2])
-        if not len(boxes):
-            return []
-        crops = [steps.crop(bgr, box) for box in boxes]
-        cls_input = np.stack([steps.fitted(piece, *steps.CLS_SHAPE[1:]) for piece in crops])
-        (direction,) = self.cls.run(None, {"x": cls_input})
-        pieces = [
-            np.rot90(piece, 2) if int(np.argmax(p)) == 1 and float(np.max(p)) > steps.CLS_THRESH else piece
-            for piece, p in zip(crops, direction, strict=True)
-        ]
-        ratio = max(steps.REC_MIN_RATIO, *(piece.shape[1] / piece.shape[0] for piece in pieces))
-        width = int(steps.REC_HEIGHT * ratio)
-        rec_input = np.stack([steps.fitted(piece, steps.REC_HEIGHT, width) for piece in pieces])
-        (probabilities,) = self.rec.run(None, {"x": rec_input})
-        texts, scores = steps.ctc_decode(probabilities, self.characters)
-        return [text for text, score in zip(texts, scores, strict=True) if score >= steps.TEXT_SCORE]
+        request = edgeinfer.Request({"IMAGE": np.array([png], dtype=object)})
+        pre = self.pre.predict([request])[0]
+        assert isinstance(pre, dict), pre
+        (probability,) = self.det.run(None, {"x": pre["DET_INPUT"]})
+        boxes = self.boxes.predict_batch({"MAP": probability, "ORIGINAL": pre["ORIGINAL"]})
+        (direction,) = self.cls.run(None, {"x": boxes["CLS_INPUT"]})
+        crops = self.crops.predict_batch(
+            {"DIRECTION": direction, "BOXES": boxes["BOXES"], "ORIGINAL": pre["ORIGINAL"]}
+        )
+        (probabilities,) = self.rec.run(None, {"x": crops["REC_INPUT"]})
+        decoded = self.decode.predict_batch(
+            {"PROBABILITIES": probabilities, "BOXES": boxes["BOXES"], "PADDING": pre["PADDING"]}
+        )
+        return [text.decode() for text in decoded["TEXT"]]
 
 
 def fetch_models() -> Path:

@@ -118,6 +118,16 @@ def test_paths_are_relative_to_the_config_file(tmp_path, model_file, monkeypatch
             "enter_after: 1}}\n",
             "models.m.fallback.enter_after: unknown key",
         ),
+        ("models:\n  m: {model_path: m.onnx, min_ep_coverage: 1.5}\n", "models.m.min_ep_coverage"),
+        (
+            "models:\n  m: {model_path: m.onnx, backend_config: {performance_hint: FAST}}\n",
+            "models.m.backend_config.performance_hint",
+        ),
+        (
+            "models:\n  p:\n    backend: pipeline\n    pipeline:\n      inputs: []\n      outputs: []\n"
+            "      steps: [{name: s, model: m, inputs: {}, budget_ms: 0}]\n",
+            "models.p.pipeline.steps.0.budget_ms",
+        ),
     ],
 )
 def test_config_errors_name_the_key(tmp_path, model_file, text, words):

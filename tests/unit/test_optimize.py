@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgeinfer.optimize import OutputAgreement, agreement, drop, verdict
+from edgeinfer.optimize import OptimizeError, OutputAgreement, agreement, drop, load_samples, verdict
 
 LOGITS = np.array([[0.1, 0.9, 0.0], [0.8, 0.1, 0.1], [0.2, 0.3, 0.5], [0.4, 0.35, 0.25]], np.float32)
 
@@ -65,3 +65,17 @@ def test_sequences_agree_position_by_position_and_may_differ_in_length_between_s
     assert (result.rows, result.agreeing, result.kind) == (5, 4, "top-1")
     shape_changed = agreement("probs", [short, long], [short, long[:, :8]], 0.01)
     assert (shape_changed.agreeing, shape_changed.max_abs_diff) == (2, float("inf"))
+
+
+def test_sample_folders_that_cannot_be_read_say_which_file(tmp_path):
+    with pytest.raises(OptimizeError) as empty:
+        load_samples(tmp_path)
+    assert str(empty.value) == f"{tmp_path} has no samples (*.json V2 requests or *.npz arrays)"
+    (tmp_path / "a.json").write_text(
+        '{"inputs": [{"name": "X", "datatype": "FP32", "shape": [2], "data": [1]}]}'
+    )
+    with pytest.raises(OptimizeError) as bad:
+        load_samples(tmp_path)
+    assert str(bad.value) == (
+        f"sample {tmp_path / 'a.json'} cannot be read: input 'X': shape [2] needs 2 elements but 'data' has 1"
+    )
