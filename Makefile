@@ -13,7 +13,11 @@ METRICS_PORT ?= 8082
 # uv resolves and installs in seconds what pip takes minutes for (dev extras into a new environment, no
 # cache: 2 min 32 s with pip, 13 s with uv). --system-certs: the machine's own CA roots, as pip uses them.
 UV_VERSION := 0.13.9
-INSTALL = $(BIN)/uv pip install --quiet --system-certs --python $(BIN)/python
+# --compile-bytecode, and compileall for our own (editable) sources: each start then reads bytecode instead
+# of compiling every module again, which environments with PYTHONDONTWRITEBYTECODE=1 (this project's
+# machines, containers) would do on every start: 0.25 s of a 0.75 s start-up with gRPC (docs/deployment.md)
+INSTALL = $(BIN)/uv pip install --quiet --system-certs --compile-bytecode --python $(BIN)/python
+COMPILE = $(BIN)/python -m compileall -q src
 
 $(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
@@ -21,11 +25,13 @@ $(BIN)/uv:
 
 $(STAMP): pyproject.toml | $(BIN)/uv
 	$(INSTALL) -e '.[dev,bench]'
+	$(COMPILE)
 	touch $(STAMP) $(SERVE_STAMP)
 
 # serving needs only the package and Pillow (the image pipeline example): a first answer sooner
 $(SERVE_STAMP): pyproject.toml | $(BIN)/uv
 	$(INSTALL) -e '.[examples]'
+	$(COMPILE)
 	touch $(SERVE_STAMP)
 
 install: $(STAMP)

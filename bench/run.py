@@ -17,7 +17,10 @@
    router's pick in-process (bench/routing.py) and end to end: `tiny` over JSON at concurrency 64
    without a route and with a 90/10 route (both variants lead to a copy of `tiny`, so batching stays
    the same), alternating, three pairs;
-7. prints the tables and writes them as JSON and Markdown under bench/results/ (latest.md). "vs
+7. gRPC (with gRPC selected too): server CPU per call for `tiny` over JSON and gRPC at concurrency 64 in
+   the same run, against grpcio alone answering fixed bytes (bench/grpc_floor.py), and per
+   ModelStreamInfer message, the same two ways;
+8. prints the tables and writes them as JSON and Markdown under bench/results/ (latest.md). "vs
    in-process" divides the served rows/s by in-process rows/s at the measured batch size nearest the
    mean batch actually formed. With --reference (every case must be selected) the run becomes
    bench/results/reference.md, the README's table is regenerated from it and the ramp's plot becomes
@@ -549,6 +552,106 @@ def routing_markdown(rows: list[Row], summary: dict) -> str:
     )
 
 
+GRPC_STREAMS = 4  # ModelStreamInfer calls at once in the streaming case, each with 16 messages in flight
+GRPC_STREAM_MESSAGES = 2500  # per stream
+
+
+class GrpcFloor(Process):
+    """bench/grpc_floor.py: grpcio alone, answering ModelInfer (``unary``) or each ModelStreamInfer
+    message (``stream``) with fixed bytes; it has no HTTP port (its statistics read as zeros)."""
+
+    def __init__(self, kind: str) -> None:
+        grpc_port = free_port()
+        command = [sys.executable, str(HERE / "grpc_floor.py"), "serve", kind, str(grpc_port)]
+        super().__init__(f"grpc-floor-{kind}", command, 0, grpc_port)
+
+    def _wait_ready(self) -> float:
+        started = time.perf_counter()
+        while time.perf_counter() - started < 30:
+            if self.process.poll() is not None:
+                raise SystemExit(f"{self.name} exited; see {self.log.name}")
+            if b"ready" in Path(self.log.name).read_bytes():
+                return time.perf_counter() - started
+            time.sleep(0.02)
+        raise SystemExit(f"{self.name} not ready; see {self.log.name}")
+
+
+def stream_cost(server: Process) -> dict[str, float]:
+    """Server CPU per ModelStreamInfer message: GRPC_STREAMS streams of `tiny` requests (bench/grpc_floor.py's
+    client, in its own process; its warm-up round counts too: the server answered it)."""
+    command = [sys.executable, str(HERE / "grpc_floor.py"), "stream", str(server.grpc_port),
+               str(WORK / "tiny.grpc"), str(GRPC_STREAMS), str(GRPC_STREAM_MESSAGES)]  # fmt: skip
+    cpu_before = server.cpu_s()
+    result = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    cpu = server.cpu_s() - cpu_before
+    messages = result["messages"] + GRPC_STREAMS * 16  # the warm-up round: 16 per stream
+    return {
+        "messages_per_s": round(result["messages"] / result["seconds"], 1),
+        "cpu_us_per_message": round(cpu * 1e6 / messages, 1),
+    }
+
+
+def grpc_costs(server: Process, duration: float, limits: dict[int, float]) -> tuple[list[Row], dict]:
+    """What a gRPC call costs the server, against JSON over HTTP and against grpcio alone (`tiny`, 64).
+
+    grpc.aio spends a fixed amount of event-loop time per call (its call object, context, a completion
+    queue round trip per operation) before a handler runs; the floor server measures exactly that, so
+    the difference between it and edgeinfer is what edgeinfer's own code costs per call. JSON over HTTP
+    runs in the same server, in the same run. Streams: the same, per ModelStreamInfer message.
+    """
+    rows = [
+        measure(server, "edgeinfer", "tiny", protocol, body, 64, duration, False, limits)
+        for protocol, body in (("json", json_body("tiny")), ("grpc", grpc_body("tiny")))
+    ]
+    edgeinfer_stream = stream_cost(server)
+    floor = GrpcFloor("unary")
+    try:
+        body = grpc_body("tiny")
+        rows.append(measure(floor, "grpcio alone", "tiny", "grpc", body, 64, duration, False, limits))
+    finally:
+        floor.stop()
+    floor = GrpcFloor("stream")
+    try:
+        floor_stream = stream_cost(floor)
+    finally:
+        floor.stop()
+    for row in rows:
+        print(table_line(row), flush=True)
+    json_row, grpc_row, floor_row = rows
+    summary = {
+        "grpc_vs_json_req_per_s": round(grpc_row.requests_per_s / json_row.requests_per_s, 3),
+        "grpcio_alone_vs_json_req_per_s": round(floor_row.requests_per_s / json_row.requests_per_s, 3),
+        "cpu_us_per_call": {
+            "json": round(json_row.cpu_ms_per_request * 1000, 1),
+            "grpc": round(grpc_row.cpu_ms_per_request * 1000, 1),
+            "grpcio_alone": round(floor_row.cpu_ms_per_request * 1000, 1),
+        },
+        "stream": {"edgeinfer": edgeinfer_stream, "grpcio_alone": floor_stream},
+    }
+    return rows, summary
+
+
+def grpc_markdown(rows: list[Row], summary: dict, main_rows: list[Row]) -> str:
+    cpu, stream = summary["cpu_us_per_call"], summary["stream"]
+    ratio = summary["grpc_vs_json_req_per_s"]
+    cnn = [row for row in main_rows if row.model == "cnn" and row.protocol == "grpc"]
+    cnn_text = ", ".join(f"c={row.concurrency}: {row.ratio_to_inprocess:.2f}" for row in cnn)
+    return (
+        "gRPC (`tiny`, concurrency 64; grpcio alone: a grpc.aio server answering fixed bytes, "
+        "bench/grpc_floor.py):\n\n"
+        f"- server CPU per call: JSON over HTTP {cpu['json']:.0f} us, gRPC {cpu['grpc']:.0f} us, grpcio "
+        f"alone {cpu['grpcio_alone']:.0f} us\n"
+        f"- gRPC req/s / JSON req/s: {ratio:.2f} (target >= 0.8: {'met' if ratio >= 0.8 else 'not met'}); "
+        f"grpcio alone / JSON: {summary['grpcio_alone_vs_json_req_per_s']:.2f}\n"
+        f"- ModelStreamInfer ({GRPC_STREAMS} streams, 16 messages in flight each): "
+        f"{stream['edgeinfer']['cpu_us_per_message']:.0f} us of server CPU per message "
+        f"({stream['edgeinfer']['messages_per_s']:,.0f} messages/s), grpcio alone "
+        f"{stream['grpcio_alone']['cpu_us_per_message']:.0f} us\n"
+        + (f"- `cnn` over gRPC, vs in-process ONNX Runtime: {cnn_text} (target >= 0.95)\n" if cnn else "")
+        + f"\n{table(rows)}\n"
+    )
+
+
 # (model, concurrency): the cases measured with workers 1 and 2 (JSON, unpinned)
 SCALING_CASES = (("cnn", 16), ("tiny", 64))
 
@@ -689,6 +792,8 @@ def main() -> None:
     rows: list[Row] = []
     routed_rows: list[Row] = []
     routing_summary: dict = {}
+    grpc_rows: list[Row] = []
+    grpc_summary: dict = {}
     try:
         for model in wanted_models:
             for protocol in protocols:
@@ -709,6 +814,8 @@ def main() -> None:
             footprint[name]["peak_rss_mib"] = round(server.memory_mib("VmHWM"), 1)
         if "edgeinfer" in servers and "tiny" in wanted_models and "json" in protocols and 64 in concurrencies:
             routed_rows, routing_summary = routing(servers["edgeinfer"], args.duration, limits["tiny"])
+            if "grpc" in protocols:
+                grpc_rows, grpc_summary = grpc_costs(servers["edgeinfer"], args.duration, limits["tiny"])
     finally:
         for server in servers.values():
             server.stop()
@@ -743,6 +850,8 @@ def main() -> None:
         "scaling_ratios": ratios,
         "routing_rows": [asdict(row) for row in routed_rows],
         "routing": routing_summary,
+        "grpc_rows": [asdict(row) for row in grpc_rows],
+        "grpc": grpc_summary,
         "slo": slo_document,
     }
     (RESULTS / f"{stamp}.json").write_text(json.dumps(document, indent=1))
@@ -761,6 +870,10 @@ def main() -> None:
         routing_text = routing_markdown(routed_rows, routing_summary)
         markdown += "\n" + routing_text
         print("\n" + routing_text)
+    if grpc_rows:
+        grpc_text = grpc_markdown(grpc_rows, grpc_summary, rows)
+        markdown += "\n" + grpc_text
+        print("\n" + grpc_text)
     if slo_markdown:
         markdown += "\n" + slo_markdown
         print("\n" + slo_markdown)

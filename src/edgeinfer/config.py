@@ -1,7 +1,7 @@
-"""The configuration: frozen pydantic models loaded from YAML, with a few CLI overrides.
+"""The configuration: frozen settings classes (``schema.py``) loaded from YAML, with a few CLI overrides.
 
 Every key is declared once, here. Unknown keys and wrong types are startup errors that name the key (and
-the file); ``load_config`` turns pydantic's errors into one readable ``ConfigError``.
+the file); ``load_config`` turns the validation errors into one readable ``ConfigError``.
 
 Relative paths in a config file are resolved against the directory of that file, so a config can be
 moved together with its models and used from anywhere.
@@ -15,17 +15,17 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from edgeinfer.errors import ConfigError
+from edgeinfer.schema import Field, Settings, ValidationError, field_validator, model_validator
 
 GraphOptimizationLevel = Literal["disable", "basic", "extended", "all"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
-ModelT = TypeVar("ModelT", bound=BaseModel)
+ModelT = TypeVar("ModelT", bound=Settings)
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Frozen(Settings):
+    """Immutable, and an unknown key is an error (``schema.py``)."""
 
 
 class OnnxRuntimeConfig(_Frozen):

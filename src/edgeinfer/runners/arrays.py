@@ -64,9 +64,12 @@ def _split(name: str, outputs: Tensors, rows: list[int], batching: bool) -> list
             )
     if len(rows) == 1:
         return [outputs]
-    bounds = list(itertools.accumulate(rows))[:-1]
-    parts = {output: np.split(array, bounds) for output, array in outputs.items()}
-    return [{output: pieces[index] for output, pieces in parts.items()} for index in range(len(rows))]
+    ends = list(itertools.accumulate(rows))
+    starts = [0, *ends[:-1]]  # views by slicing: np.split costs ~10 us of Python per output
+    return [
+        {output: array[start:end] for output, array in outputs.items()}
+        for start, end in zip(starts, ends, strict=True)
+    ]
 
 
 def _union_outputs(batch: list[Work]) -> frozenset[str] | None:

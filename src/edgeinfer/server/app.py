@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
 import signal
@@ -225,6 +226,7 @@ class Server:
         # Models, sessions and module state live for the whole run: move them out of the collector's
         # reach so that garbage collections triggered by request traffic stay short (tail latency).
         gc.freeze()
+        _return_freed_memory()
         service.set_ready(True)
         log.info(
             "%sready in %.0f ms: %d model version(s), HTTP on %s:%d, gRPC on %s",
@@ -410,3 +412,16 @@ def bind(host: str, port: int, what: str = "HTTP", reuse_port: bool = False) -> 
         sock.listen(2048)
     sock.setblocking(False)
     return sock
+
+
+def _return_freed_memory() -> None:
+    """Give the heap pages freed during start-up (config, model parsing, warm-up) back to the system.
+
+    glibc keeps freed memory for reuse and returns it only when asked (``malloc_trim``): about a
+    megabyte of idle RSS on the example repository (bench/footprint.py). Other C libraries: nothing.
+    """
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
