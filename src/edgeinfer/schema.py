@@ -358,11 +358,7 @@ def _int(value: Any) -> int:
         message = "Input should be a valid integer, got a number with a fractional part"
         raise _Invalid.one("int_from_float", message, value)
     if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            message = "Input should be a valid integer, unable to parse string as an integer"
-            raise _Invalid.one("int_parsing", message, value) from None
+        return _from_text(value, int, "int_parsing", "an integer")
     raise _Invalid.one("int_type", "Input should be a valid integer", value)
 
 
@@ -370,12 +366,17 @@ def _float(value: Any) -> float:
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            message = "Input should be a valid number, unable to parse string as a number"
-            raise _Invalid.one("float_parsing", message, value) from None
+        return _from_text(value, float, "float_parsing", "a number")
     raise _Invalid.one("float_type", "Input should be a valid number", value)
+
+
+def _from_text(value: str, parse: Callable[[str], Any], kind: str, what: str) -> Any:
+    """A number written as text (YAML quotes, CLI overrides); ``what``: "an integer", "a number"."""
+    try:
+        return parse(value.strip())
+    except ValueError:
+        message = f"Input should be a valid {what.split()[1]}, unable to parse string as {what}"
+        raise _Invalid.one(kind, message, value) from None
 
 
 _TRUE = {"true", "yes", "on", "1", "t", "y"}

@@ -89,9 +89,14 @@ class _Malformed:
 
 
 def _parser(message_class: Any) -> Callable[[bytes], Any]:
+    # inference requests keep large tensors where they arrived (grpc_codec.parse_infer_request)
+    from_bytes = (
+        grpc_codec.parse_infer_request if message_class is pb.ModelInferRequest else message_class.FromString
+    )
+
     def parse(data: bytes) -> Any:
         try:
-            return message_class.FromString(data)
+            return from_bytes(data)
         except (DecodeError, RuntimeError) as exc:
             return _Malformed(message_class.__name__, str(exc))
 
