@@ -13,10 +13,11 @@ METRICS_PORT ?= 8082
 # uv resolves and installs in seconds what pip takes minutes for (dev extras into a new environment, no
 # cache: 2 min 32 s with pip, 13 s with uv). --system-certs: the machine's own CA roots, as pip uses them.
 UV_VERSION := 0.13.9
-# --compile-bytecode, and compileall for our own (editable) sources: each start then reads bytecode instead
-# of compiling every module again, which environments with PYTHONDONTWRITEBYTECODE=1 (this project's
-# machines, containers) would do on every start: 0.25 s of a 0.75 s start-up with gRPC (docs/deployment.md)
-INSTALL = $(BIN)/uv pip install --quiet --system-certs --compile-bytecode --python $(BIN)/python
+INSTALL = $(BIN)/uv pip install --quiet --system-certs --python $(BIN)/python
+# Bytecode compiled ahead: where PYTHONDONTWRITEBYTECODE=1 (this project's machines, containers) Python
+# would otherwise compile every module again at every start: 0.25 s of a 0.75 s start-up with gRPC
+# (docs/deployment.md). The dev environment starts servers by the hundred (tests, benchmarks): all of it;
+# `make serve` only our own sources (compiling every package would delay a new user's first answer 2.7 s).
 COMPILE = $(BIN)/python -m compileall -q src
 
 $(BIN)/uv:
@@ -24,7 +25,7 @@ $(BIN)/uv:
 	$(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
 
 $(STAMP): pyproject.toml | $(BIN)/uv
-	$(INSTALL) -e '.[dev,bench]'
+	$(INSTALL) --compile-bytecode -e '.[dev,bench]'
 	$(COMPILE)
 	touch $(STAMP) $(SERVE_STAMP)
 
