@@ -56,7 +56,7 @@ test: $(STAMP)
 # Debian packages the deploy tests start (nginx, podman + runc + debootstrap for the image) and the font
 # the OCR tests render text with; CI runs this
 # before `make test`. Without them those tests skip and say why.
-SYSTEM_PACKAGES := nginx-light podman runc debootstrap curl fonts-dejavu-core
+SYSTEM_PACKAGES := nginx-light podman runc debootstrap curl fonts-dejavu-core chromium chromium-driver
 system-packages:
 	@missing="$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)"; \
 	if [ -n "$$missing" ]; then echo "installing $$missing (Debian packages)"; \

@@ -215,6 +215,7 @@ class VersionGauges:
     cost_per_row_s: float = 0.0  # the runner's learned batch time: per_batch + per_row * rows
     cost_per_batch_s: float = 0.0
     ep_coverage: tuple[tuple[str, float], ...] = ()  # (provider, share of nodes), ONNX models
+    file_bytes: int = 0  # the model file: residency estimates a version's memory from it
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +302,7 @@ class Metrics:
                 "execution_provider": gauge.execution_provider,
                 "cost": [gauge.cost_per_row_s, gauge.cost_per_batch_s],
                 "ep_coverage": dict(gauge.ep_coverage),
+                "file_bytes": gauge.file_bytes,
             }
         return {
             "models": models,

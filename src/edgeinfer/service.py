@@ -18,6 +18,7 @@ import itertools
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -25,6 +26,7 @@ import yaml
 
 from edgeinfer import __version__
 from edgeinfer.config import Config, RouteVariant, ShadowConfig, parse
+from edgeinfer.dashboard import RECENT_ERRORS, Window, overview
 from edgeinfer.errors import (
     ConfigError,
     EdgeInferError,
@@ -35,6 +37,7 @@ from edgeinfer.errors import (
     ModelNotReady,
     RequestTimeout,
 )
+from edgeinfer.errors import describe as describe_error
 from edgeinfer.logs import AccessLog
 from edgeinfer.metrics import UNKNOWN_MODEL, Metrics, Snapshot, process_stats, status_label
 from edgeinfer.outcome import Outcome
@@ -134,6 +137,8 @@ class Cluster(Protocol):
 
     async def metrics(self) -> bytes: ...
 
+    async def overview(self) -> dict[str, Any]: ...
+
 
 class InferenceService:
     def __init__(
@@ -159,6 +164,9 @@ class InferenceService:
         self.access_log = access_log
         self._discover = discover
         self._cluster = cluster
+        self._recent_errors: deque[dict[str, Any]] = deque(maxlen=RECENT_ERRORS)  # for /v2/ui/state
+        self._overview_window = Window()
+        self._started_at = time.time()
         self._ready = False
 
     def set_ready(self, ready: bool) -> None:
@@ -471,6 +479,55 @@ class InferenceService:
         elif status in ("rejected", "timeout"):  # for load: as if it never finished
             self.router.observe(outcome.model, math.inf)
         self.access_log.write(outcome, metrics.name, metrics.version, status, total_s)
+        if status != "success":
+            self._recent_errors.append(
+                {
+                    "time": time.time(),
+                    "request_id": outcome.request_id,
+                    "model": metrics.name,
+                    "version": metrics.version,
+                    "protocol": outcome.protocol,
+                    "status": status,
+                    "message": describe_error(outcome.error) if outcome.error is not None else "",
+                }
+            )
+
+    def local_overview(self) -> dict[str, Any]:
+        """This process's part of ``overview``: its metrics, process figures and recent errors."""
+        return {
+            "metrics": self.local_metrics(),
+            "process": process_stats(),
+            "errors": list(self._recent_errors),
+            "workers": 1,
+            "started_at": self._started_at,
+        }
+
+    async def overview(self) -> dict[str, Any]:
+        """``GET /v2/ui/state``: the whole server now (``dashboard.py``), with workers merged."""
+        data = await self._cluster.overview() if self._cluster is not None else self.local_overview()
+        rollouts = {
+            "routes": self.routes(),
+            "shadows": self.shadow_configs(),
+            "canaries": await self.canary_states(),
+        }
+        server = {
+            "name": SERVER_NAME,
+            "version": __version__,
+            "ready": self.ready(),
+            "uptime_s": time.time() - data["started_at"],
+            "workers": data["workers"],
+        }
+        return overview(
+            time.monotonic(),
+            data["metrics"],
+            data["process"],
+            self._overview_window,
+            await self.repository_index(),
+            server,
+            data["errors"],
+            rollouts,
+            self.residency.limits.memory_factor * data["workers"],
+        )
 
 
 class InferenceCall:

@@ -173,6 +173,36 @@ def test_model_gauges_and_process_metrics(observed):
     assert "process_open_fds" in samples
 
 
+def test_the_status_data_has_every_version_and_each_error_with_its_request_id(observed):
+    """GET /v2/ui/state (the status page's data): the same counts as the metrics, whichever worker
+    answers, and the errors of the known mix from every worker, newest first."""
+    server, _ = observed
+    state = request(server.port, "GET", "/v2/ui/state").json()
+    models = {(entry["name"], entry["version"]): entry for entry in state["models"]}
+    matmul, slow = models["matmul", "1"], models["slow", "1"]
+    assert (matmul["requests_total"]["success"], matmul["requests_total"]["client_error"]) == (6, 3)
+    assert {status: slow["requests_total"][status] for status in ("success", "rejected", "timeout")} == {
+        "success": 4,
+        "rejected": 3,
+        "timeout": 1,
+    }
+    assert (matmul["state"], matmul["execution_provider"]) == ("READY", "CPUExecutionProvider")
+    assert matmul["ep_coverage"] == {"CPUExecutionProvider": 1.0}
+    workers = state["server"]["workers"]
+    size = (Path(server.args[1]).parent / "matmul.onnx").stat().st_size
+    assert matmul["memory_estimate_bytes"] == size * 2.0 * workers  # memory_factor 2, a copy per worker
+    assert (matmul["queue_length"], slow["inflight"]) == (0, 0)
+    assert state["server"]["rss_bytes"] > 10 * 2**20
+    assert state["server"]["uptime_s"] > 0
+    errors = state["recent_errors"]
+    assert sorted(error["status"] for error in errors) == ["client_error"] * 3 + ["rejected"] * 3 + [
+        "timeout"
+    ]
+    assert [error["time"] for error in errors] == sorted((error["time"] for error in errors), reverse=True)
+    assert all(error["request_id"] and error["message"] for error in errors)
+    assert {error["model"] for error in errors if error["status"] == "client_error"} == {"matmul"}
+
+
 def test_the_metrics_port_serves_the_same(observed):
     server, _ = observed
     samples = scrape(server.metrics_port)

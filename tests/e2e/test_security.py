@@ -175,6 +175,17 @@ def test_every_role_on_every_http_route_group(secured: ServerProcess, pki: Pki):
     assert request(secured.metrics_port, "GET", "/metrics", None, bearer(METRICS_KEY), tls=tls).status == 200
 
 
+def test_the_status_data_takes_a_metrics_or_an_admin_key(secured: ServerProcess, pki: Pki):
+    tls = pki.client_context()
+    path = "/v2/ui/state"
+    for key in (METRICS_KEY, ADMIN_KEY):
+        assert request(secured.port, "GET", path, headers=bearer(key), tls=tls).status == 200
+    refused = request(secured.port, "GET", path, headers=bearer(INFER_KEY), tls=tls)
+    assert refused.status == 403
+    assert refused.error == f"API key 'camera' has role(s) infer; {path} needs role 'metrics' or 'admin'"
+    assert request(secured.port, "GET", path, tls=tls).status == 401
+
+
 def _name(holder: str) -> str:
     return {"infer": "camera", "admin": "ops", "metrics": "prometheus"}[holder]
 

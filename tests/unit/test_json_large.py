@@ -85,6 +85,8 @@ def test_the_same_tensors_either_way(inputs):
         padded(tensor(shape=(2, -3))),
         padded(tensor(), tensor()),  # twice
         padded(tensor(), id=5),
+        padded({"\x00": None}),  # a key simdjson cannot look up (found by tests/fuzz)
+        {"inputs": 5, "\x00": 1, "padding": PADDING},
         {"inputs": 5, "padding": PADDING},
         [PADDING],
         b'{"inputs": [' + PADDING.encode(),

@@ -100,6 +100,8 @@ def _decode_large(body: bytes, max_depth: int | None) -> InferRequest:
         raise InvalidInput(f"request body is not valid JSON: {exc}") from None
     if not isinstance(document, simdjson.Object):
         raise InvalidInput(f"request body must be a JSON object, not {_json_type(_plain(document))}")
+    if _has_nul_key(document):
+        return decode_request_object(document.as_dict(), {}, max_depth)  # the ordinary path
     arrays: dict[str, np.ndarray] = {}
     plain: dict[str, Any] = {}
     for key in document.keys():  # noqa: SIM118 (items() would convert every value to Python)
@@ -109,6 +111,13 @@ def _decode_large(body: bytes, max_depth: int | None) -> InferRequest:
         else:
             plain[key] = _plain(value)
     return decode_request_object(plain, arrays, max_depth)
+
+
+def _has_nul_key(value: Any) -> bool:
+    """A key with a NUL character cannot be looked up in a simdjson object (its C++ side ends the key
+    there): such an object is converted whole instead. No V2 field has one; the request then fails
+    as any other with unknown or missing fields does."""
+    return any("\x00" in key for key in value.keys())  # noqa: SIM118 (a simdjson object, as above)
 
 
 def _plain(value: Any) -> Any:
@@ -126,7 +135,7 @@ def _input_without_data(raw: Any, arrays: dict[str, np.ndarray]) -> Any:
     numbers that fits its shape and datatype, else left in the header for the ordinary path."""
     simdjson = _simdjson()
     assert simdjson is not None
-    if not isinstance(raw, simdjson.Object):
+    if not isinstance(raw, simdjson.Object) or _has_nul_key(raw):
         return _plain(raw)
     header = {key: _plain(raw[key]) for key in raw.keys() if key != "data"}  # noqa: SIM118
     if "data" not in raw:

@@ -6,6 +6,9 @@ Roles, each a group of routes (a key may hold several):
     admin    the repository API (index, load, unload), routes, shadows, canaries and statistics
     metrics  the Prometheus scrape (on the HTTP port and the metrics port)
 
+The status page (``/ui``) is a static file anyone may load; its data (``/v2/ui/state``) takes a key
+with the metrics role or the admin role, and its actions the admin role (they call the admin routes).
+
 A key is sent as ``Authorization: Bearer <key>`` (or ``X-API-Key: <key>``) over HTTP and as the same
 metadata over gRPC. No key, or one that matches no configured key, is 401 (``Unauthenticated``); a
 known key without the route's role is 403 (``PermissionDenied``). Paths in ``open_paths`` (the health
@@ -159,10 +162,15 @@ def _parse_key(entry: Any, position: int, source: str) -> ApiKey:
 # ---- which role a route needs ----
 
 
-def http_role(path: str) -> str:
-    """The role an HTTP path needs (the method does not matter: a wrong one is 405 after the check)."""
+def http_role(path: str) -> str | tuple[str, ...] | None:
+    """The role an HTTP path needs, the roles any one of which will do, or None: no key (the method does
+    not matter: a wrong one is 405 after the check)."""
     if path.rstrip("/") == "/metrics":
         return "metrics"
+    if path.rstrip("/") == "/ui":  # the status page itself is a static file; its data needs a key
+        return None
+    if path.startswith("/v2/ui/"):  # the status page's data: who watches the box, or who runs it
+        return ("metrics", "admin")
     if path.startswith(("/v2/repository", "/v2/routes", "/v2/shadows", "/v2/canaries")):
         return "admin"
     if path.startswith("/v2/models") and path.rstrip("/").endswith("/stats"):
@@ -219,7 +227,7 @@ class Guard:
             fnmatch.fnmatchcase(path, pattern) for pattern in self._open_patterns
         )
 
-    def check(self, protocol: str, path: str, role: str, presented: str | None) -> None:
+    def check(self, protocol: str, path: str, role: str | tuple[str, ...], presented: str | None) -> None:
         """Raise ``Unauthenticated`` or ``PermissionDenied`` unless the key may use ``path``."""
         if not self.enabled or self.is_open(path):
             return
@@ -228,10 +236,12 @@ class Guard:
         except Unauthenticated:
             self._on_refused(protocol, "unauthenticated")
             raise
-        if role not in key.roles:
+        wanted = (role,) if isinstance(role, str) else role
+        if key.roles.isdisjoint(wanted):
             self._on_refused(protocol, "forbidden")
             raise PermissionDenied(
-                f"API key {key.name!r} has role(s) {', '.join(sorted(key.roles))}; {path} needs role {role!r}"
+                f"API key {key.name!r} has role(s) {', '.join(sorted(key.roles))}; {path} needs role "
+                + " or ".join(repr(one) for one in wanted)
             )
 
 

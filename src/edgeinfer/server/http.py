@@ -26,13 +26,17 @@ Routes::
     GET  /v2/shadows, PUT|DELETE /v2/shadows/{m}   shadow candidates: {"version"|"model", "share"}
     GET  /v2/canaries                              every canary's state
     POST /v2/canaries/{m}/{action}                 start, pause, resume, promote, abort
+    GET  /v2/ui/state                              the server now, for a status page (dashboard.py)
+    GET  /ui                                       the status page (status.html, reads /v2/ui/state)
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from edgeinfer.errors import (
@@ -127,7 +131,15 @@ def check_key(guard: Guard, request: HttpRequest) -> None:
         authorization.decode("latin-1") if authorization else None,
         api_key.decode("latin-1") if api_key else None,
     )
-    guard.check("http", request.path, http_role(request.path), presented)
+    role = http_role(request.path)
+    if role is not None:
+        guard.check("http", request.path, role, presented)
+
+
+@functools.cache
+def status_page() -> bytes:
+    """The status page: one static file, read at its first request."""
+    return (Path(__file__).parent / "status.html").read_bytes()
 
 
 def metrics_response(exposition: bytes) -> HttpResponse:
@@ -211,6 +223,9 @@ class V2Routes:
             if parts == ["v2"]:
                 _allow(request, "GET")
                 return _json(200, service.server_metadata())
+            if parts == ["v2", "ui", "state"]:
+                _allow(request, "GET")
+                return _when_done(service.overview(), lambda state: _json(200, state))
             if parts == ["v2", "health", "live"]:
                 _allow(request, "GET")
                 return _json(200, {"live": service.live()})
@@ -231,6 +246,9 @@ class V2Routes:
         elif parts == ["metrics"]:
             _allow(request, "GET")
             return _when_done(service.metrics_exposition(), metrics_response)
+        elif parts == ["ui"]:
+            _allow(request, "GET")
+            return HttpResponse(200, status_page(), content_type=b"text/html; charset=utf-8")
         elif parts == ["health"]:
             _allow(request, "GET")
             ready = service.ready()

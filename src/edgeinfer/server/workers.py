@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgeinfer.batching.stats import merge_statistics
 from edgeinfer.canary import Canaries, stable_version
+from edgeinfer.dashboard import RECENT_ERRORS
 from edgeinfer.errors import (
     ConfigError,
     EdgeInferError,
@@ -122,6 +123,7 @@ class Supervisor:
         self._startup: HttpServer | None = None
         self._metrics_http: HttpServer | None = None
         self._own = Metrics()  # the supervisor's own refusals (its metrics port, its start-up answers)
+        self._started_at = time.time()
         self._security: Security | None = None
         self._applied: dict[str, tuple[str, dict[str, Any] | None]] = {}  # replayed to new workers
         self._routes: dict[str, list[dict[str, Any]] | None] = {}  # routes set at run time, replayed too
@@ -259,6 +261,7 @@ class Supervisor:
             "index": self.index,
             "statistics": self.statistics,
             "metrics": self.metrics_text,
+            "overview": self.overview,
         }
 
     async def _worker_loaded(self, worker: _Worker) -> None:
@@ -519,6 +522,30 @@ class Supervisor:
     async def metrics_text(self) -> str:
         return (await self.metrics()).decode()
 
+    async def overview(self) -> dict[str, Any]:
+        """The whole server for the status page (``dashboard.py``): metrics merged, process figures
+        summed, every worker's recent errors, oldest first."""
+        workers = self._serving_workers()
+        answers = await asyncio.gather(
+            *(worker.channel.call("snapshot") for worker in workers if worker.channel is not None),
+            return_exceptions=True,
+        )
+        snapshots, processes, errors = [self._own.snapshot(())], [process_stats()], []
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                continue
+            snapshots.append(answer["metrics"])
+            processes.append(answer["process"])
+            errors += answer["errors"]
+        errors.sort(key=lambda error: error["time"])
+        return {
+            "metrics": merge(snapshots),
+            "process": sum_process_stats(processes),
+            "errors": errors[-RECENT_ERRORS:],
+            "workers": len(self._workers),
+            "started_at": self._started_at,
+        }
+
 
 def merge_indexes(indexes: list[list[dict[str, str]]]) -> list[dict[str, str]]:
     """The repository index of the whole server from each worker's: a version that serves on some
@@ -634,6 +661,10 @@ class WorkerLink:
         text: str = await self._channel.call("metrics")
         return text.encode()
 
+    async def overview(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self._channel.call("overview")
+        return result
+
     # what the supervisor asks this worker for
     async def _local_load(self, name: str, override: dict[str, Any] | None) -> None:
         await self._local().local_load(name, override)
@@ -654,4 +685,4 @@ class WorkerLink:
         return self._local().local_statistics(name, version)
 
     async def _snapshot(self) -> dict[str, Any]:
-        return {"metrics": self._local().local_metrics(), "process": process_stats()}
+        return self._local().local_overview()  # metrics, process figures, recent errors
