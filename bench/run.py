@@ -53,7 +53,8 @@ WORK = HERE / ".work"
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
 
-import models  # noqa: E402  (bench/ is not a package)
+import grpc_floor  # noqa: E402  (bench/ is not a package)
+import models  # noqa: E402
 
 INPUTS = {"tiny": ("INPUT0", (16,)), "cnn": ("input", (3, 224, 224)), "python": ("image", (64, 64))}
 PYTHON_MODELS = ("python_thread", "python_process")  # bench/python_models.py:BoxBlur, two ways
@@ -552,7 +553,7 @@ def routing_markdown(rows: list[Row], summary: dict) -> str:
     )
 
 
-GRPC_STREAMS = 4  # ModelStreamInfer calls at once in the streaming case, each with 16 messages in flight
+GRPC_STREAMS = 4  # ModelStreamInfer calls at once in the streaming case
 GRPC_STREAM_MESSAGES = 2500  # per stream
 
 
@@ -578,13 +579,14 @@ class GrpcFloor(Process):
 
 def stream_cost(server: Process) -> dict[str, float]:
     """Server CPU per ModelStreamInfer message: GRPC_STREAMS streams of `tiny` requests (bench/grpc_floor.py's
-    client, in its own process; its warm-up round counts too: the server answered it)."""
+    client, in its own process; its warm-up round, one window per stream, counts too: the server answered
+    it)."""
     command = [sys.executable, str(HERE / "grpc_floor.py"), "stream", str(server.grpc_port),
                str(WORK / "tiny.grpc"), str(GRPC_STREAMS), str(GRPC_STREAM_MESSAGES)]  # fmt: skip
     cpu_before = server.cpu_s()
     result = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
     cpu = server.cpu_s() - cpu_before
-    messages = result["messages"] + GRPC_STREAMS * 16  # the warm-up round: 16 per stream
+    messages = result["messages"] + GRPC_STREAMS * grpc_floor.WINDOW  # and the warm-up round
     return {
         "messages_per_s": round(result["messages"] / result["seconds"], 1),
         "cpu_us_per_message": round(cpu * 1e6 / messages, 1),
@@ -643,7 +645,7 @@ def grpc_markdown(rows: list[Row], summary: dict, main_rows: list[Row]) -> str:
         f"alone {cpu['grpcio_alone']:.0f} us\n"
         f"- gRPC req/s / JSON req/s: {ratio:.2f} (target >= 0.8: {'met' if ratio >= 0.8 else 'not met'}); "
         f"grpcio alone / JSON: {summary['grpcio_alone_vs_json_req_per_s']:.2f}\n"
-        f"- ModelStreamInfer ({GRPC_STREAMS} streams, 16 messages in flight each): "
+        f"- ModelStreamInfer ({GRPC_STREAMS} streams, {grpc_floor.WINDOW} messages in flight each): "
         f"{stream['edgeinfer']['cpu_us_per_message']:.0f} us of server CPU per message "
         f"({stream['edgeinfer']['messages_per_s']:,.0f} messages/s), grpcio alone "
         f"{stream['grpcio_alone']['cpu_us_per_message']:.0f} us\n"

@@ -239,6 +239,14 @@ BAD_REQUESTS = [
     ("unknown model metadata", "GET", "/v2/models/nope", None, 404, "unknown model 'nope'"),
     ("GET on infer", "GET", "/v2/models/simple/infer", None, 405, "method GET is not allowed here; use POST"),
     ("unknown route", "GET", "/v3/anything", None, 404, "no route for GET /v3/anything"),
+    (
+        "a key with a NUL character in a large body",  # the simdjson path (found by tests/fuzz)
+        "POST",
+        "/v2/models/simple/infer",
+        {"inputs": [{"\x00": None}], "parameters": {"padding": "x" * 8192}},
+        400,
+        "inputs[0] needs a 'name' string",
+    ),
 ]
 
 
@@ -277,6 +285,8 @@ def test_fields_the_protocol_does_not_define_are_ignored(example_server: ServerP
         ("POST", "/v2/health/ready", "GET"),
         ("DELETE", "/v2/models/simple", "GET"),
         ("GET", "/v2/repository/index", "POST"),
+        ("POST", "/v2/ui/state", "GET"),
+        ("POST", "/ui", "GET"),
     ],
 )
 def test_method_not_allowed_names_the_allowed_method(example_server: ServerProcess, method, path, allowed):

@@ -188,6 +188,12 @@ MALFORMED = [
     ("not protobuf", b"\xff\xff\xff\xff", grpc.StatusCode.INVALID_ARGUMENT, "not a valid ModelInferRequest"),
     ("truncated message", _with_raw({"model_name": "simple", "inputs": [SIMPLE_INPUT]}, [F16])[:-9],
      grpc.StatusCode.INVALID_ARGUMENT, "not a valid ModelInferRequest"),
+    # over 64 KiB: the tensor bytes stay where they arrived (grpc_codec.parse_infer_request)
+    ("truncated large message", _with_raw({"model_name": "simple", "inputs": [SIMPLE_INPUT]}, [bytes(70000)])[:-10],
+     grpc.StatusCode.INVALID_ARGUMENT,
+     "not a valid ModelInferRequest protobuf message: a field says 70000 bytes but only 69990 remain"),
+    ("large raw size differs from shape", _with_raw({"model_name": "simple", "inputs": [SIMPLE_INPUT]}, [bytes(70000)]),
+     grpc.StatusCode.INVALID_ARGUMENT, "70000 bytes of raw data, but shape [1, 16] of FP32 needs 64 bytes"),
     ("unknown model", _with_raw({"model_name": "nope", "inputs": [SIMPLE_INPUT]}, [F16]),
      grpc.StatusCode.NOT_FOUND, "unknown model 'nope'"),
     ("unknown version", _with_raw({"model_name": "simple", "model_version": "7", "inputs": [SIMPLE_INPUT]}, [F16]),

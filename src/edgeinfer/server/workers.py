@@ -418,6 +418,20 @@ class Supervisor:
     def _serving_workers(self) -> list[_Worker]:
         return [worker for worker in self._workers if worker.ready and worker.channel is not None]
 
+    async def _answers(self, op: str) -> list[tuple[_Worker, Any]]:
+        """``op`` asked of every serving worker at once: (worker, answer) for each that answered (one
+        that died meanwhile is left out: the rest of the server is still shown)."""
+        workers = self._serving_workers()
+        answers = await asyncio.gather(
+            *(worker.channel.call(op) for worker in workers if worker.channel is not None),
+            return_exceptions=True,
+        )
+        return [
+            (worker, answer)
+            for worker, answer in zip(workers, answers, strict=True)
+            if not isinstance(answer, BaseException)
+        ]
+
     async def _on_all(self, op: str, **args: Any) -> list[Any]:
         """``op`` on every serving worker at once; raises the first error any of them had."""
         workers = self._serving_workers()
@@ -483,25 +497,12 @@ class Supervisor:
 
     async def snapshot(self) -> Snapshot:
         """The whole server's metrics as data (what the canaries decide on)."""
-        workers = self._serving_workers()
-        answers = await asyncio.gather(
-            *(worker.channel.call("snapshot") for worker in workers if worker.channel is not None),
-            return_exceptions=True,
-        )
-        snapshots = [self._own.snapshot(())]
-        snapshots += [answer["metrics"] for answer in answers if not isinstance(answer, BaseException)]
-        return merge(snapshots)
+        answers = await self._answers("snapshot")
+        return merge([self._own.snapshot(()), *(answer["metrics"] for _, answer in answers)])
 
     async def metrics(self) -> bytes:
-        workers = self._serving_workers()
-        answers = await asyncio.gather(
-            *(worker.channel.call("snapshot") for worker in workers if worker.channel is not None),
-            return_exceptions=True,
-        )
         snapshots, processes, by_worker = [self._own.snapshot(())], [process_stats()], {}
-        for worker, answer in zip(workers, answers, strict=True):
-            if isinstance(answer, BaseException):
-                continue
+        for worker, answer in await self._answers("snapshot"):
             snapshots.append(answer["metrics"])
             processes.append(answer["process"])
             by_worker[worker.index] = answer["process"]
@@ -525,15 +526,8 @@ class Supervisor:
     async def overview(self) -> dict[str, Any]:
         """The whole server for the status page (``dashboard.py``): metrics merged, process figures
         summed, every worker's recent errors, oldest first."""
-        workers = self._serving_workers()
-        answers = await asyncio.gather(
-            *(worker.channel.call("snapshot") for worker in workers if worker.channel is not None),
-            return_exceptions=True,
-        )
         snapshots, processes, errors = [self._own.snapshot(())], [process_stats()], []
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                continue
+        for _, answer in await self._answers("local_overview"):
             snapshots.append(answer["metrics"])
             processes.append(answer["process"])
             errors += answer["errors"]
@@ -609,6 +603,7 @@ class WorkerLink:
                 "local_index": self._local_index,
                 "local_statistics": self._local_statistics,
                 "snapshot": self._snapshot,
+                "local_overview": self._local_overview,
             },
         )
 
@@ -685,4 +680,7 @@ class WorkerLink:
         return self._local().local_statistics(name, version)
 
     async def _snapshot(self) -> dict[str, Any]:
-        return self._local().local_overview()  # metrics, process figures, recent errors
+        return {"metrics": self._local().local_metrics(), "process": process_stats()}
+
+    async def _local_overview(self) -> dict[str, Any]:
+        return self._local().local_overview()  # the snapshot's parts and the recent errors
