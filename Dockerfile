@@ -3,6 +3,7 @@
 #
 #   docker build -t edgeinfer .                                   CPU (onnxruntime)
 #   docker build -t edgeinfer:s3 --build-arg EXTRAS=s3 .          + models on S3 (s3fs, botocore)
+#   docker build -t edgeinfer:otel --build-arg EXTRAS=otel .      + OpenTelemetry traces (docs/observability.md)
 #   docker build -t edgeinfer:gpu -f Dockerfile.gpu .             CUDA (onnxruntime-gpu)
 #   docker run -p 8080-8082:8080-8082 -v "$PWD/examples/model_repository:/models:ro" edgeinfer
 #

@@ -1,7 +1,7 @@
 """`make bench`: edgeinfer against in-process ONNX Runtime and a bare FastAPI endpoint, in one run.
 
     python bench/run.py [--duration 5] [--models tiny,cnn] [--concurrency 1,8,64] [--threads 1]
-                        [--no-scaling] [--no-slo] [--reference]
+                        [--no-scaling] [--no-slo] [--no-tracing] [--reference]
 
 1. builds the models (bench/models.py) and one JSON request body per model;
 2. measures in-process ONNX Runtime throughput at each batch size with the same threads: the limit;
@@ -20,7 +20,10 @@
 7. gRPC (with gRPC selected too): server CPU per call for `tiny` over JSON and gRPC at concurrency 64 in
    the same run, against grpcio alone answering fixed bytes (bench/grpc_floor.py), and per
    ModelStreamInfer message, the same two ways;
-8. prints the tables and writes them as JSON and Markdown under bench/results/ (latest.md). "vs
+8. tracing (unless --no-tracing; needs the `otel` extra, in the dev environment): `tiny` over JSON at
+   concurrency 1 and 64 with OpenTelemetry tracing off and on (sampling ratios 0.01 and 1, spans
+   exported over OTLP/HTTP to bench/otlp_sink.py), alternating, three rounds;
+9. prints the tables and writes them as JSON and Markdown under bench/results/ (latest.md). "vs
    in-process" divides the served rows/s by in-process rows/s at the measured batch size nearest the
    mean batch actually formed. With --reference (every case must be selected) the run becomes
    bench/results/reference.md, the README's table is regenerated from it and the ramp's plot becomes
@@ -219,12 +222,16 @@ def inprocess_python(seconds: float) -> float:
 
 
 class Process:
-    def __init__(self, name: str, command: list[str], port: int, grpc_port: int = 0) -> None:
+    def __init__(
+        self, name: str, command: list[str], port: int, grpc_port: int = 0, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.port = port
         self.grpc_port = grpc_port
         self.log = (WORK / f"{name}.log").open("wb")
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
         self.ready_s = self._wait_ready()
 
     def _wait_ready(self) -> float:
@@ -464,15 +471,18 @@ def table(rows: list[Row]) -> str:
     return "\n".join([TABLE_HEADER, "|" + "---|" * 15, *(table_line(row) for row in rows)])
 
 
-def edgeinfer_process(config: Path, workers: int) -> Process:
+def edgeinfer_process(
+    config: Path, workers: int, name: str | None = None, env: dict[str, str] | None = None
+) -> Process:
     port, grpc_port = free_port(), free_port()
     return Process(
-        f"edgeinfer-{workers}w",
+        name or f"edgeinfer-{workers}w",
         [sys.executable, "-m", "edgeinfer", "serve", "--config", str(config), "--http-port", str(port),
          "--grpc-port", str(grpc_port), "--metrics-port", str(free_port()), "--host", "127.0.0.1",
          "--workers", str(workers)],
         port,
         grpc_port,
+        env,
     )  # fmt: skip
 
 
@@ -654,6 +664,90 @@ def grpc_markdown(rows: list[Row], summary: dict, main_rows: list[Row]) -> str:
     )
 
 
+TRACING_CASES: tuple[tuple[str, float | None], ...] = (("off", None), ("ratio 0.01", 0.01), ("ratio 1", 1.0))
+TRACING_ROUNDS = 3
+
+
+def tracing_costs(config: Path, duration: float, limits: dict[int, float]) -> tuple[list[Row], dict]:
+    """What OpenTelemetry tracing costs per request: `tiny` over JSON at concurrency 1 and 64, with
+    tracing off (the SDK never imported) and on at sampling ratios 0.01 and 1, the spans exported over
+    OTLP/HTTP to a receiver in another process that discards them (bench/otlp_sink.py). One server per
+    case, all running; the cases alternate, TRACING_ROUNDS rounds, and the medians are reported."""
+    sink_port = free_port()
+    sink = subprocess.Popen(
+        [sys.executable, str(HERE / "otlp_sink.py"), str(sink_port)], stdout=subprocess.PIPE, text=True
+    )
+    assert sink.stdout is not None
+    assert sink.stdout.readline().strip() == "ready"
+    base = json.loads(config.read_text())
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}"}
+    servers: dict[str, Process] = {}
+    rows: list[Row] = []
+    try:
+        for label, ratio in TRACING_CASES:
+            path = config
+            if ratio is not None:
+                path = WORK / f"edgeinfer-tracing-{ratio}.yaml"
+                path.write_text(json.dumps({**base, "tracing": {"enabled": True, "sampling_ratio": ratio}}))
+            servers[label] = edgeinfer_process(path, 1, f"edgeinfer-tracing-{ratio or 'off'}", env)
+        footprint = {
+            label: {"ready_s": round(server.ready_s, 3), "idle_rss_mib": round(server.memory_mib("VmRSS"), 1)}
+            for label, server in servers.items()
+        }
+        body = json_body("tiny")
+        for _ in range(TRACING_ROUNDS):
+            for concurrency in (1, 64):
+                for label, server in servers.items():
+                    row = measure(server, f"edgeinfer, tracing {label}", "tiny", "json", body, concurrency,
+                                  duration, False, limits)  # fmt: skip
+                    rows.append(row)
+                    print(table_line(row), flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+        sink.terminate()
+        exports = sink.communicate(timeout=10)[0].strip()
+    summary: dict = {"footprint": footprint, "sink": exports}
+    for concurrency in (1, 64):
+        cases = {}
+        for label, _ in TRACING_CASES:
+            mine = [r for r in rows if r.concurrency == concurrency and r.server.endswith(f"tracing {label}")]
+            cases[label] = {
+                "req_per_s": round(float(np.median([r.requests_per_s for r in mine])), 1),
+                "p50_ms": round(float(np.median([r.p50_ms for r in mine])), 3),
+                "p99_ms": round(float(np.median([r.p99_ms for r in mine])), 3),
+                "cpu_us_per_request": round(float(np.median([r.cpu_ms_per_request for r in mine])) * 1000, 1),
+                "req_per_s_spread": round(
+                    max(r.requests_per_s for r in mine) - min(r.requests_per_s for r in mine)
+                ),
+            }
+        off = cases["off"]
+        for values in cases.values():
+            values["req_per_s_vs_off"] = round(values["req_per_s"] / off["req_per_s"], 3)
+            values["cpu_us_added"] = round(values["cpu_us_per_request"] - off["cpu_us_per_request"], 1)
+        summary[f"c{concurrency}"] = cases
+    return rows, summary
+
+
+def tracing_markdown(rows: list[Row], summary: dict) -> str:
+    lines = [
+        f"Tracing (`tiny` JSON; medians of {TRACING_ROUNDS} alternating rounds; spans exported over "
+        "OTLP/HTTP to a receiver that discards them, bench/otlp_sink.py; idle RSS and ready time "
+        f"{json.dumps(summary['footprint'])}):\n",
+        "| tracing | conc | req/s | vs off | p50 ms | p99 ms | CPU us/req | added | req/s spread |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for concurrency in (1, 64):
+        for label, values in summary[f"c{concurrency}"].items():
+            lines.append(
+                f"| {label} | {concurrency} | {values['req_per_s']:,.0f} | "
+                f"{values['req_per_s_vs_off']:.3f} | "
+                f"{values['p50_ms']:.3f} | {values['p99_ms']:.3f} | {values['cpu_us_per_request']:.1f} | "
+                f"{values['cpu_us_added']:+.1f} | {values['req_per_s_spread']:,} |"
+            )
+    return "\n".join(lines) + f"\n\n{table(rows)}\n"
+
+
 # (model, concurrency): the cases measured with workers 1 and 2 (JSON, unpinned)
 SCALING_CASES = (("cnn", 16), ("tiny", 64))
 
@@ -742,15 +836,18 @@ def main() -> None:
     parser.add_argument("--protocols", default="json,binary,grpc", help="binary and grpc: edgeinfer only")
     parser.add_argument("--no-scaling", action="store_true", help="skip the workers/process cases")
     parser.add_argument("--no-slo", action="store_true", help="skip the latency-objective cases (slo.py)")
+    parser.add_argument("--no-tracing", action="store_true", help="skip the tracing cost cases")
     parser.add_argument("--reference", action="store_true", help="keep the run as the reference (all cases)")
     args = parser.parse_args()
     if args.reference and any(
         getattr(args, key) != parser.get_default(key)
-        for key in ("models", "concurrency", "servers", "protocols", "no_scaling", "no_slo", "threads")
-    ):
+        for key in (
+            "models", "concurrency", "servers", "protocols", "no_scaling", "no_slo", "no_tracing", "threads"
+        )
+    ):  # fmt: skip
         raise SystemExit(
             "--reference needs every case: leave --models, --concurrency, --servers, --protocols, "
-            "--threads, --no-scaling and --no-slo at their defaults"
+            "--threads, --no-scaling, --no-slo and --no-tracing at their defaults"
         )
     for tool in ("wrk", "h2load"):
         if shutil.which(tool) is None:
@@ -822,6 +919,10 @@ def main() -> None:
         for server in servers.values():
             server.stop()
 
+    traced_rows: list[Row] = []
+    tracing_summary: dict = {}
+    if "edgeinfer" in args.servers and "tiny" in wanted_models and not args.no_tracing:
+        traced_rows, tracing_summary = tracing_costs(config, args.duration, limits["tiny"])
     scaled: list[Row] = []
     ceilings: dict[str, float] = {}
     if "edgeinfer" in args.servers and not args.no_scaling:
@@ -854,6 +955,8 @@ def main() -> None:
         "routing": routing_summary,
         "grpc_rows": [asdict(row) for row in grpc_rows],
         "grpc": grpc_summary,
+        "tracing_rows": [asdict(row) for row in traced_rows],
+        "tracing": tracing_summary,
         "slo": slo_document,
     }
     (RESULTS / f"{stamp}.json").write_text(json.dumps(document, indent=1))
@@ -876,6 +979,10 @@ def main() -> None:
         grpc_text = grpc_markdown(grpc_rows, grpc_summary, rows)
         markdown += "\n" + grpc_text
         print("\n" + grpc_text)
+    if traced_rows:
+        tracing_text = tracing_markdown(traced_rows, tracing_summary)
+        markdown += "\n" + tracing_text
+        print("\n" + tracing_text)
     if slo_markdown:
         markdown += "\n" + slo_markdown
         print("\n" + slo_markdown)

@@ -414,6 +414,19 @@ class LoggingConfig(_Frozen):
         return level.upper() if isinstance(level, str) else level
 
 
+class TracingConfig(_Frozen):
+    """OpenTelemetry traces of inference requests (``tracing.py``, docs/observability.md); they need the
+    ``edgeinfer[otel]`` extra. Where spans go is set by the standard ``OTEL_*`` environment variables."""
+
+    enabled: bool = False
+    sampling_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="share of new traces recorded (a traceparent decides for the traces it continues)",
+    )
+
+
 class RepositoryConfig(_Frozen):
     poll_interval_s: float | None = Field(
         None, gt=0, description="look for new, changed and removed models this often; off when unset"
@@ -457,6 +470,7 @@ class Config(_Frozen):
     )
     server: ServerConfig = ServerConfig()
     logging: LoggingConfig = LoggingConfig()
+    tracing: TracingConfig = TracingConfig()
 
     @field_validator("routes")
     @classmethod

@@ -83,6 +83,8 @@ class AccessLog:
             "compute_ms": round(trace.compute_s * 1000, 3),
             "total_ms": round(total_s * 1000, 3),
         }
+        if trace.span is not None and trace.span.trace_id:
+            fields["trace_id"] = trace.span.trace_id
         steps = ""
         if trace.steps:  # a pipeline: each step's own time
             steps_ms = {step: round(seconds * 1000, 3) for step, seconds in trace.steps.items()}

@@ -8,19 +8,30 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from edgeinfer.metrics import ModelMetrics
+
+
+class RequestSpan(Protocol):
+    """A request's OpenTelemetry span while it is in flight (``tracing.py``; None when tracing is off)."""
+
+    @property
+    def trace_id(self) -> str:
+        """The trace's id in hex, for the access log; empty when the request is not sampled."""
+        ...
 
 
 @dataclass(slots=True)
 class RequestTrace:
     """Where one request's time went, filled in by the batcher (and a pipeline's steps: their seconds
-    by step name, lent to the pipeline with the request), for access logs."""
+    by step name, lent to the pipeline with the request), for access logs and traces."""
 
     queue_s: float = 0.0
     batch_rows: int = 0
     compute_s: float = 0.0
     steps: dict[str, float] = field(default_factory=dict)
+    span: RequestSpan | None = None
 
 
 @dataclass(slots=True)

@@ -51,6 +51,7 @@ from edgeinfer.shadow import Shadows
 
 if TYPE_CHECKING:
     from edgeinfer.canary import Canaries
+    from edgeinfer.tracing import TraceHeaders, Tracing
 from edgeinfer.validation import (
     RequestLimits,
     check_request,
@@ -153,6 +154,7 @@ class InferenceService:
         limits: RequestLimits | None = None,
         shadows: Mapping[str, ShadowConfig] | None = None,
         canaries: Canaries | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.registry = registry
         self.limits = limits or RequestLimits()
@@ -168,6 +170,12 @@ class InferenceService:
         self._overview_window = Window()
         self._started_at = time.time()
         self._ready = False
+        self._tracing = tracing
+
+    @property
+    def traced(self) -> bool:
+        """Tracing is on: transports pass the W3C trace context headers they received to ``call``."""
+        return self._tracing is not None
 
     def set_ready(self, ready: bool) -> None:
         """Called by the server once every model is loaded and warmed up (and False on shutdown)."""
@@ -416,14 +424,34 @@ class InferenceService:
     # ---- inference ----
 
     def call(
-        self, protocol: str, model: str, version: str | None, request_id: str | None = None
+        self,
+        protocol: str,
+        model: str,
+        version: str | None,
+        request_id: str | None = None,
+        trace_headers: TraceHeaders | None = None,
     ) -> InferenceCall:
-        """Start one inference request; ``request_id`` is the transport's (a header or metadata)."""
-        return InferenceCall(self, Outcome(protocol, model, version, request_id or ""))
+        """Start one inference request; ``request_id`` is the transport's (a header or metadata), and
+        ``trace_headers`` the W3C ``traceparent`` and ``tracestate`` it received (read when ``traced``)."""
+        outcome = Outcome(protocol, model, version, request_id or "")
+        if self._tracing is not None:
+            self._tracing.begin(outcome, trace_headers)
+        return InferenceCall(self, outcome)
 
-    async def run_step(self, model: str, version: str | None, request: InferRequest) -> Tensors:
-        """A pipeline step: an ordinary request to the step's model, through its queue and batcher."""
-        call = self.call("pipeline", model, version, request.id)
+    async def run_step(
+        self,
+        model: str,
+        version: str | None,
+        request: InferRequest,
+        step: str = "",
+        pipeline_span: object | None = None,
+    ) -> Tensors:
+        """A pipeline step: an ordinary request to the step's model, through its queue and batcher (in
+        the pipeline request's trace, as a child of ``pipeline_span``, when tracing is on)."""
+        outcome = Outcome("pipeline", model, version, request.id or "")
+        if self._tracing is not None:
+            self._tracing.begin_step(outcome, step, pipeline_span)
+        call = InferenceCall(self, outcome)
         try:
             await call.submit(request)
             return call.respond(lambda response: response.outputs)
@@ -479,6 +507,8 @@ class InferenceService:
         elif status in ("rejected", "timeout"):  # for load: as if it never finished
             self.router.observe(outcome.model, math.inf)
         self.access_log.write(outcome, metrics.name, metrics.version, status, total_s)
+        if self._tracing is not None:
+            self._tracing.end(outcome, metrics.name, metrics.version, status)
         if status != "success":
             self._recent_errors.append(
                 {
@@ -618,6 +648,7 @@ class InferenceCall:
             request.parameters,
             outcome.request_id,
             outcome.trace.steps,
+            outcome.trace.span,
         )
         answer = serving.batcher.submit(
             work,

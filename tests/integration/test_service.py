@@ -47,8 +47,8 @@ def build(discover: Callable[[str, dict | None], list[ModelSource]] = lambda nam
     metrics = Metrics()
     holder: dict[str, InferenceService] = {}
 
-    async def run_step(model, version, request):
-        return await holder["service"].run_step(model, version, request)
+    async def run_step(model, version, request, step, span):
+        return await holder["service"].run_step(model, version, request, step, span)
 
     registry = Registry(metrics, LoadContext(run_step=run_step))
     residency = Residency(registry, ResidencyConfig(), lambda name: holder["service"].local_load(name))

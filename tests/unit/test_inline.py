@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgeinfer.runners.inline import HOP_NEEDED, TRIAL_EVERY, TRIAL_WITHIN, InlineChoice
+from edgeinfer.runners.inline import HOP_NEEDED, INLINE_SAMPLES, TRIAL_EVERY, TRIAL_WITHIN, InlineChoice
 
 US = 1e-6
 
@@ -96,6 +96,23 @@ def test_a_machine_that_slows_down_moves_the_size_to_threads():
     for _ in range(40):
         choice.ran_inline(1, 90 * US)
     assert sum(choice.goes_inline(1, None) for _ in range(100)) <= 1  # at most one more trial
+
+
+def test_an_inline_batch_that_waited_for_the_gil_does_not_move_the_size_to_threads():
+    choice = measured(50 * US)
+    for _ in range(INLINE_SAMPLES):
+        choice.ran_inline(1, 20 * US)
+    choice.ran_inline(1, 5000 * US)  # another thread held the GIL for 5 ms meanwhile
+    assert choice.goes_inline(1, 20 * US)
+
+
+def test_a_size_sent_to_threads_by_a_burst_of_slow_inline_batches_comes_back_after_it():
+    choice = measured(50 * US)
+    for _ in range(INLINE_SAMPLES):
+        choice.ran_inline(1, 5000 * US)  # a long stall: every recent inline batch waited
+    assert not choice.goes_inline(1, 5000 * US), "the thread-measured time too is far above the hop now"
+    modes = simulate(choice, 20 * US, 30 * US, 50 * US, 4 * INLINE_SAMPLES * TRIAL_EVERY)
+    assert all(modes[-TRIAL_EVERY:]), "trials measured the size inline again, and it went back"
 
 
 @pytest.mark.parametrize(

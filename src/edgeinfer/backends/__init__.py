@@ -61,8 +61,9 @@ class Backend(Protocol):
         ...
 
 
-# Runs one request on another model, through its queue: (model, version, request) -> outputs.
-StepRunner = Callable[[str, "str | None", InferRequest], Awaitable[Tensors]]
+# Runs one request on another model, through its queue: (model, version, request, step name, the
+# pipeline request's trace span or None) -> outputs.
+StepRunner = Callable[[str, "str | None", InferRequest, str, "object | None"], Awaitable[Tensors]]
 # Counts one pipeline step: (pipeline, step, model, seconds, over its budget_ms)
 StepObserver = Callable[[str, str, str, float, bool], None]
 

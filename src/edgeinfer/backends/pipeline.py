@@ -20,6 +20,8 @@ Each step's time (its own request, from sending to answer; not the wait for the 
 to ``LoadContext.observe_step``: the server keeps it per pipeline and step as a histogram, and counts
 the runs over the step's ``budget_ms``; the pipeline request's access-log line lists every step's time
 (``steps_ms``), and each step request is an access-log line of its own (id ``<request id>/<step>``).
+With tracing on, each step request is a span (``step <name>``) under the pipeline request's span: the
+batcher lends the request's span to the pipeline in its ``Work``, and the pipeline passes it on.
 """
 
 from __future__ import annotations
@@ -75,21 +77,16 @@ class PipelineBackend:
         return AsyncRunner(self.execute, replace(settings, concurrency=concurrency, prefetch=0))
 
     async def execute(self, batch: list[Work]) -> list[Result]:
-        runs = (self._run(work.inputs, work.parameters, work.request_id, work.steps) for work in batch)
+        runs = (self._run(work) for work in batch)
         results = await asyncio.gather(*runs, return_exceptions=True)
         return list(results)
 
-    async def _run(
-        self,
-        inputs: Tensors,
-        parameters: dict[str, Any],
-        request_id: str | None,
-        steps: dict[str, float] | None,
-    ) -> Tensors:
+    async def _run(self, work: Work) -> Tensors:
+        parameters, request_id, steps = work.parameters, work.request_id, work.steps
         if self._run_step is None:
             raise InferenceFailed(f"pipeline {self.name!r} is not connected to its models")
         send, observe = self._run_step, self._observe_step
-        values: dict[str, np.ndarray] = dict(inputs)
+        values: dict[str, np.ndarray] = dict(work.inputs)
         done: dict[str, asyncio.Future[None]] = {}
 
         async def run_step(step: Any) -> None:
@@ -104,7 +101,7 @@ class PipelineBackend:
             )
             started = time.perf_counter()
             try:
-                outputs = await send(step.model, step.version, request)
+                outputs = await send(step.model, step.version, request, step.name, work.span)
             except EdgeInferError as error:
                 raise type(error)(
                     f"pipeline {self.name!r} step {step.name!r} (model {step.model!r}): {error}"

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol
 
 from edgeinfer.batching.lag import LoopLag
 from edgeinfer.batching.policy import (
@@ -35,7 +36,23 @@ from edgeinfer.errors import (
     Superseded,
 )
 from edgeinfer.outcome import RequestTrace
-from edgeinfer.runners import BatchResult, Runner, Tensors, Work
+from edgeinfer.runners import BatchResult, BatchTimes, Runner, Tensors, Work
+
+
+class BatchSpans(Protocol):
+    """Where a model version's batches become trace spans (``tracing.py``), when tracing is on."""
+
+    def batch_done(
+        self,
+        started: float,
+        traces: Sequence[RequestTrace | None],
+        rows: int,
+        times: BatchTimes | None,
+        error: BaseException | None,
+    ) -> None:
+        """A batch handed to the runner at ``started`` (``time.monotonic``) finished now: with ``times``,
+        or failed with ``error``. Called before its requests are answered."""
+        ...
 
 
 @dataclass(slots=True, eq=False)
@@ -61,7 +78,8 @@ ARRIVAL_MEMORY = 0.9  # the mean gap between arrivals follows the last ten or so
 class Batcher:
     """Merges compatible requests into batches and hands them to ``runner``.
 
-    Constructed on the event loop it serves. ``recorder`` gets every queue wait, batch and answer.
+    Constructed on the event loop it serves. ``recorder`` gets every queue wait, batch and answer;
+    ``spans`` (when tracing is on) every finished batch with the traces of its requests.
     """
 
     def __init__(
@@ -72,6 +90,7 @@ class Batcher:
         limits: QueueLimits,
         recorder: BatchRecorder,
         lag: LoopLag | None = None,
+        spans: BatchSpans | None = None,
     ) -> None:
         self.name = name
         self.runner = runner
@@ -95,6 +114,7 @@ class Batcher:
         self._gap_s: float | None = None  # mean time between arrivals, while requests keep coming
         self.last_submit = time.monotonic()  # when a request last came (residency reads it)
         self._lag = lag  # how far behind the loop runs: admission and the adaptive fast path read it
+        self._spans = spans
 
     @property
     def queue_length(self) -> int:
@@ -371,22 +391,29 @@ class Batcher:
                 job.trace.queue_s, job.trace.batch_rows = waited, rows
         done = self.runner.run([job.work for job in jobs])
         if done.done():  # ran inline: answer now; the caller's scheduling loop goes on
-            self._complete(jobs, rows, done)
+            self._complete(jobs, rows, now, done)
         else:
-            done.add_done_callback(partial(self._finish, jobs, rows))
+            done.add_done_callback(partial(self._finish, jobs, rows, now))
 
-    def _finish(self, jobs: list[_Job], rows: int, done: asyncio.Future[BatchResult]) -> None:
+    def _finish(self, jobs: list[_Job], rows: int, started: float, done: asyncio.Future[BatchResult]) -> None:
         """Runner callback: deliver the batch's results, then see what can run next."""
-        self._complete(jobs, rows, done)
+        self._complete(jobs, rows, started, done)
         self._schedule(None)
 
-    def _complete(self, jobs: list[_Job], rows: int, done: asyncio.Future[BatchResult]) -> None:
+    def _complete(
+        self, jobs: list[_Job], rows: int, started: float, done: asyncio.Future[BatchResult]
+    ) -> None:
         self._running -= 1
         self._running_rows -= rows
-        if done.cancelled():
-            self._fail(jobs, ModelNotReady(f"model {self.name} stopped before the batch ran"))
-            return
-        error = done.exception()
+        error = (
+            ModelNotReady(f"model {self.name} stopped before the batch ran")
+            if done.cancelled()
+            else done.exception()
+        )
+        if self._spans is not None:
+            self._spans.batch_done(
+                started, [job.trace for job in jobs], rows, None if error else done.result().times, error
+            )
         if error is not None:
             self._fail(jobs, error)
             return

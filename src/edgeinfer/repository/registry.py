@@ -18,11 +18,11 @@ import asyncio
 import enum
 import logging
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 
 from edgeinfer.backends import Backend, LoadContext
-from edgeinfer.batching.batcher import Batcher, QueueLimits
+from edgeinfer.batching.batcher import Batcher, BatchSpans, QueueLimits
 from edgeinfer.batching.lag import LoopLag
 from edgeinfer.batching.policy import BatchPolicy
 from edgeinfer.batching.recorder import BatchRecorder
@@ -103,11 +103,18 @@ def version_key(version: str) -> tuple[int, int, str]:
 
 class Registry:
     """Each version gets its own runner (worker threads, child processes) created when it loads, so a
-    slow model cannot take the threads of a fast one."""
+    slow model cannot take the threads of a fast one. ``batch_spans(name, version)``, when tracing is
+    on, gives each version's batcher where its batches become spans."""
 
-    def __init__(self, metrics: Metrics, context: LoadContext | None = None) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        context: LoadContext | None = None,
+        batch_spans: Callable[[str, str], BatchSpans] | None = None,
+    ) -> None:
         self._metrics = metrics
         self._context = context or LoadContext()
+        self._batch_spans = batch_spans
         self._models: dict[str, dict[str, ModelVersion]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._lag = LoopLag()  # one per event loop, shared by every batcher
@@ -276,7 +283,13 @@ class Registry:
             slo_s=config.slo.target_s if config.slo is not None else None,
         )
         batcher = Batcher(
-            f"{source.name!r} version {source.version}", runner, loaded.policy, limits, recorder, self._lag
+            f"{source.name!r} version {source.version}",
+            runner,
+            loaded.policy,
+            limits,
+            recorder,
+            self._lag,
+            self._batch_spans(source.name, source.version) if self._batch_spans is not None else None,
         )
         return Serving(
             backend=backend,

@@ -27,6 +27,7 @@ class Work:
     parameters: dict[str, Any] = field(default_factory=dict)
     request_id: str | None = None
     steps: dict[str, float] | None = None  # a pipeline puts each step's seconds here (the caller's trace)
+    span: object | None = None  # the request's trace span (tracing on): a pipeline's steps continue it
 
 
 @dataclass(slots=True)

@@ -11,15 +11,19 @@ the loop for less time than the hop would take. Both sides are measured, not con
   waits for whatever the loop is busy with, and a limit raised by a busy loop let slow batches run on
   the loop, which made it busier (a 1.6 s batch of the tests' slow model ran inline). The least
   sample, because one above it waited for the CPU (a busy machine, a thread being started);
-* a batch's inline compute time: a moving average per batch size, from the batches run inline.
+* a batch's inline compute time: the median of the last ``INLINE_SAMPLES`` batches of its size run
+  inline. Not a moving average: one inline batch that waited for the GIL (another thread of the
+  process busy for milliseconds: a span exporter encoding, a Python model) weighed enough in an
+  average to send the size to threads, and it never came back (below).
 
 The rule compares the two: inline when the inline time of this size is at most the hop. Before a size
 has run inline its estimate is the thread-measured time, which is often higher (the loop thread
 competes for the CPU meanwhile); deciding on that alone is what made the choice bistable (a process
-that started in threads measured slow batches and stayed in threads). So a size whose estimate is
-within ``TRIAL_WITHIN`` hops runs inline once to measure, at once and then every ``TRIAL_EVERY``
-batches sent to threads: the outcome then depends on the model's inline time against the hop, not on
-where the process started. A trial blocks the loop for at most a few hops, once in hundreds of batches.
+that started in threads measured slow batches and stayed in threads). So a size whose thread-measured
+time is within ``TRIAL_WITHIN`` hops runs inline once to measure, at once and then every
+``TRIAL_EVERY`` batches sent to threads: the outcome then depends on the model's inline time against
+the hop, not on where the process started, nor on a few unlucky inline batches. A trial blocks the loop
+for at most a few hops, once in hundreds of batches.
 
 Pure arithmetic, no clock: the thread runner tells it what happened and asks before each batch.
 """
@@ -32,20 +36,21 @@ HOP_SAMPLES = 16  # the hop is the least of this many recent ones
 HOP_NEEDED = 3  # no inline before this many hops were measured
 TRIAL_EVERY = 256  # thread batches of a size between two inline trials of it
 TRIAL_WITHIN = 4.0  # only sizes estimated within this many hops are tried inline
-MEMORY = 0.9  # moving average of inline times: a new batch weighs 1 - MEMORY
+INLINE_SAMPLES = 5  # a size's inline time is the median of this many recent inline batches
 SIZES_KEPT = 64  # batch sizes tracked (beyond: the tables start afresh)
 
 
 class InlineChoice:
     """``fixed_s``: a configured limit instead of the measured hop (0: never inline)."""
 
-    __slots__ = ("_fixed_s", "_hop_s", "_hops", "_inline_s", "_threaded")
+    __slots__ = ("_fixed_s", "_hop_s", "_hops", "_inline_s", "_recent_inline", "_threaded")
 
     def __init__(self, fixed_s: float | None = None) -> None:
         self._fixed_s = fixed_s
         self._hops: deque[float] = deque(maxlen=HOP_SAMPLES)
         self._hop_s: float | None = None
-        self._inline_s: dict[int, float] = {}
+        self._recent_inline: dict[int, deque[float]] = {}  # per batch size: its last inline times
+        self._inline_s: dict[int, float] = {}  # per batch size: their median
         self._threaded: dict[int, int] = {}  # thread batches of each size since its last inline trial
 
     @property
@@ -64,8 +69,8 @@ class InlineChoice:
             return False
         if estimate <= limit:
             return True
-        if estimate > TRIAL_WITHIN * limit:
-            return False
+        if (thread_estimate_s if thread_estimate_s is not None else estimate) > TRIAL_WITHIN * limit:
+            return False  # a slow batch: never tried on the loop
         threaded = self._threaded.get(rows, 0) + 1
         if len(self._threaded) >= SIZES_KEPT and rows not in self._threaded:
             self._threaded.clear()
@@ -73,13 +78,14 @@ class InlineChoice:
         return threaded % TRIAL_EVERY == 1  # the first one, then every TRIAL_EVERY
 
     def ran_inline(self, rows: int, seconds: float) -> None:
-        previous = self._inline_s.get(rows)
-        if previous is None:
-            if len(self._inline_s) >= SIZES_KEPT:
+        recent = self._recent_inline.get(rows)
+        if recent is None:
+            if len(self._recent_inline) >= SIZES_KEPT:
+                self._recent_inline.clear()
                 self._inline_s.clear()
-            self._inline_s[rows] = seconds
-        else:
-            self._inline_s[rows] = previous * MEMORY + seconds * (1 - MEMORY)
+            recent = self._recent_inline[rows] = deque(maxlen=INLINE_SAMPLES)
+        recent.append(seconds)
+        self._inline_s[rows] = sorted(recent)[len(recent) // 2]
 
     def hopped(self, seconds: float) -> None:
         """A batch that went to a thread alone took ``seconds`` to get there and back (estimated)."""

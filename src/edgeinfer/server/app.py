@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import gc
 import logging
+import os
 import signal
 import socket
 import sys
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgeinfer.backends import LoadContext
 from edgeinfer.canary import Canaries, held_versions, stable_version
-from edgeinfer.config import Config, ModelConfig, ServerConfig, parse
+from edgeinfer.config import Config, ModelConfig, ServerConfig, TracingConfig, parse
 from edgeinfer.errors import ConfigError
 from edgeinfer.logs import AccessLog, setup_logging
 from edgeinfer.metrics import Metrics, Snapshot
@@ -48,6 +49,7 @@ from edgeinfer.validation import RequestLimits
 
 if TYPE_CHECKING:
     from edgeinfer.server.grpc import GrpcServer
+    from edgeinfer.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,7 @@ class Server:
         self._canaries: Canaries | None = None
         self._http_socket: socket.socket | None = None
         self._started = False
+        self._tracing: Tracing | None = None
 
     def register(self, model: Any, name: str, version: str = "1", **settings: Any) -> None:
         """Serve a Python model: an ``edgeinfer.Model`` object, or its class or a factory that builds one
@@ -126,15 +129,20 @@ class Server:
         metrics = Metrics()
         service: InferenceService | None = None
 
-        async def run_step(model: str, version: str | None, request: Any) -> Any:
+        async def run_step(model: str, version: str | None, request: Any, step: str, span: object) -> Any:
             assert service is not None
-            return await service.run_step(model, version, request)
+            return await service.run_step(model, version, request, step, span)
 
         async def load_local(name: str) -> None:
             assert service is not None
             await service.local_load(name)
 
-        registry = Registry(metrics, LoadContext(run_step=run_step, observe_step=metrics.observe_step))
+        tracing = self._tracing = start_tracing(config.tracing)
+        registry = Registry(
+            metrics,
+            LoadContext(run_step=run_step, observe_step=metrics.observe_step),
+            tracing.batches if tracing is not None else None,
+        )
         canaries = None
         if config.canaries and cluster is None:  # with workers the supervisor runs them (one decision)
 
@@ -174,6 +182,7 @@ class Server:
             request_limits,
             config.shadows,
             canaries,
+            tracing,
         )
         return service
 
@@ -323,6 +332,9 @@ class Server:
         self._http = self._metrics_http = None
         if service is not None:
             await service.registry.close()
+        if self._tracing is not None:
+            await asyncio.to_thread(self._tracing.close)  # exports what is left
+            self._tracing = None
 
     async def serve(self, worker: WorkerRole | None = None) -> None:
         """Start, wait for SIGINT or SIGTERM, stop. A signal while the models load stops at once.
@@ -425,3 +437,17 @@ def _return_freed_memory() -> None:
     except (OSError, AttributeError):
         return
     trim(0)
+
+
+def start_tracing(config: TracingConfig) -> Tracing | None:
+    """OpenTelemetry tracing when the config turns it on (imported only then: the SDK costs memory)."""
+    if not config.enabled or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    try:
+        from edgeinfer import tracing
+    except ImportError as exc:
+        raise ConfigError(
+            f"tracing.enabled needs the OpenTelemetry SDK, which does not import ({exc}): "
+            "pip install 'edgeinfer[otel]'"
+        ) from None
+    return tracing.setup(config)

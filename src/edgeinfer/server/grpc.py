@@ -22,6 +22,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -369,12 +370,19 @@ class GrpcServer:
             raise InvalidInput("CanaryAction needs an 'action': start, pause, resume, promote or abort")
         return _json_reply(await self.service.canary_action(_named(request), request.action))
 
-    def _call(self, request: pb.ModelInferRequest, given_id: str | None) -> InferenceCall:
-        return self.service.call("grpc", request.model_name, request.model_version or None, given_id)
+    def _call(self, request: pb.ModelInferRequest, metadata: _CallMetadata) -> InferenceCall:
+        return self.service.call(
+            "grpc",
+            request.model_name,
+            request.model_version or None,
+            metadata.request_id,
+            metadata.trace_headers,
+        )
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        given_id, routing_key = _request_metadata(context)
-        call = self._call(request, given_id)
+        metadata = _CallMetadata.of(context)
+        given_id, routing_key = metadata.request_id, metadata.routing_key
+        call = self._call(request, metadata)
         if given_id is not None:  # echoed as HTTP echoes X-Request-ID (metadata costs: only when sent)
             context.set_trailing_metadata((("x-request-id", given_id),))
         try:
@@ -402,7 +410,9 @@ class GrpcServer:
         is answered as superseded).
         """
         own_stream = f"ModelStreamInfer#{next(self._streams)}"
-        _, routing_key = _request_metadata(context)  # one key for the stream's every message
+        metadata = _CallMetadata.of(context)  # one key and one trace for the stream's every message
+        metadata.request_id = None  # each message has its own
+        routing_key = metadata.routing_key
         answers: asyncio.Queue[tuple[InferenceCall, asyncio.Future[Any] | BaseException] | str | None]
         answers = asyncio.Queue()
 
@@ -412,7 +422,7 @@ class GrpcServer:
                     if isinstance(request, _Malformed):
                         answers.put_nowait(request.text)
                         continue
-                    call = self._call(request, None)
+                    call = self._call(request, metadata)
                     try:
                         decoded = call.decode(grpc_codec.decode_infer_request, request)
                         if routing_key is not None:
@@ -479,12 +489,30 @@ def _key_of(metadata: dict[str, Any]) -> str | None:
     )
 
 
-def _request_metadata(context: Any) -> tuple[str | None, str | None]:
-    """The ``x-request-id`` and ``x-routing-key`` metadata a call was sent with."""
-    request_id = routing_key = None
-    for key, value in context.invocation_metadata() or ():
-        if key == "x-request-id":
-            request_id = str(value)
-        elif key == "x-routing-key":
-            routing_key = str(value)
-    return request_id, routing_key
+@dataclass(slots=True)
+class _CallMetadata:
+    """The metadata of a call that inference reads: ``x-request-id``, ``x-routing-key`` and the W3C
+    trace context (``traceparent``, ``tracestate``)."""
+
+    request_id: str | None = None
+    routing_key: str | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+    @classmethod
+    def of(cls, context: Any) -> _CallMetadata:
+        found = cls()
+        for key, value in context.invocation_metadata() or ():
+            if key == "x-request-id":
+                found.request_id = str(value)
+            elif key == "x-routing-key":
+                found.routing_key = str(value)
+            elif key == "traceparent":
+                found.traceparent = str(value)
+            elif key == "tracestate":
+                found.tracestate = str(value)
+        return found
+
+    @property
+    def trace_headers(self) -> tuple[str, str | None] | None:
+        return (self.traceparent, self.tracestate) if self.traceparent is not None else None

@@ -338,8 +338,15 @@ class V2Routes:
     def _infer(
         self, request: HttpRequest, name: str, version: str | None
     ) -> HttpResponse | asyncio.Future[HttpResponse]:
-        given_id = request.headers.get(b"x-request-id")
-        call = self.service.call("http", name, version, given_id.decode("latin-1") if given_id else None)
+        headers = request.headers
+        given_id = headers.get(b"x-request-id")
+        call = self.service.call(
+            "http",
+            name,
+            version,
+            given_id.decode("latin-1") if given_id else None,
+            _trace_headers(headers) if self.service.traced else None,
+        )
         try:
             decoded = call.decode(self._decode, request)
             outputs = call.submit(decoded)
@@ -417,6 +424,15 @@ def _per_model_setting(
         raise MethodNotAllowed(request.method, "PUT, DELETE")
     document = json_codec.loads_object(request.body, "request body")
     return _when_done(setter(parts[2], document), lambda _: _json(200, {key: listing()}))
+
+
+def _trace_headers(headers: dict[bytes, bytes]) -> tuple[str, str | None] | None:
+    """The W3C trace context a client sent (``traceparent``, ``tracestate``), for tracing."""
+    parent = headers.get(b"traceparent")
+    if parent is None:
+        return None
+    state = headers.get(b"tracestate")
+    return parent.decode("latin-1"), state.decode("latin-1") if state is not None else None
 
 
 def _with_id(reply: HttpResponse, request_id: str) -> HttpResponse:
