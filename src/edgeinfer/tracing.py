@@ -251,19 +251,17 @@ class Tracing:
     ) -> None:
         """One finished span, to every processor (the exporters' queues)."""
         span = ReadableSpan(
-            name,
-            context,
-            parent,
-            self._resource,
-            attributes,
-            (),
-            links,
-            kind,
-            None,
-            status,
-            start_ns,
-            end_ns,
-            _SCOPE,
+            name=name,
+            context=context,
+            parent=parent,
+            resource=self._resource,
+            attributes=attributes,
+            links=links,
+            kind=kind,
+            status=status,
+            start_time=start_ns,
+            end_time=end_ns,
+            instrumentation_scope=_SCOPE,
         )
         for processor in self._processors:
             processor.on_end(span)

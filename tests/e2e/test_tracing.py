@@ -5,6 +5,7 @@ that curl-style HTTP clients send as a header and tritonclient's gRPC client as 
 from __future__ import annotations
 
 import gzip
+import queue
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -24,7 +25,9 @@ from tests.support import ServerProcess, infer_body, matmul_model, request, wait
 
 HTTP_TRACE = "0af7651916cd43dd8448eb211c80319c"
 GRPC_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+STREAM_TRACE = "5ce929d0e0e4736a3ce929d0e0e47360"
 PARENT = "b7ad6b7169203331"
+STREAM_PARENT = f"00-{STREAM_TRACE}-{PARENT}-01"  # every message of the stream continues its trace
 
 
 class Received:
@@ -97,8 +100,15 @@ def grpc_receiver(received: Received) -> tuple[str, grpc.Server]:
     return f"http://127.0.0.1:{port}", server
 
 
-@pytest.fixture(scope="module", params=["http/protobuf", "grpc"])
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(("http/protobuf", 1), id="OTLP/HTTP, 1 worker"),
+        pytest.param(("grpc", 2), id="OTLP/gRPC, 2 workers", marks=pytest.mark.workers),
+    ],
+)
 def traced(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A server exporting to a receiver started here; with 2 workers each forked worker exports its own."""
     root = tmp_path_factory.mktemp("traced")
     matmul_model(root / "matmul.onnx")
     (root / "config.yaml").write_text(
@@ -107,7 +117,7 @@ def traced(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         "tracing: {enabled: true, sampling_ratio: 0.0}\n"  # only what clients ask to sample is recorded
     )
     received = Received()
-    protocol = request.param
+    protocol, workers = request.param
     endpoint, receiver = (http_receiver if protocol == "http/protobuf" else grpc_receiver)(received)
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
@@ -115,7 +125,7 @@ def traced(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         "OTEL_BSP_SCHEDULE_DELAY": "100",
         "OTEL_SERVICE_NAME": "edge-box-7",
     }
-    server = ServerProcess(["--config", str(root / "config.yaml")], env=env)
+    server = ServerProcess(["--config", str(root / "config.yaml"), "--workers", str(workers)], env=env)
     server.start(root / "server.log")
     try:
         yield server, received
@@ -148,11 +158,23 @@ def test_http_and_grpc_requests_continue_the_clients_trace_and_reach_the_otlp_re
         unsampled = grpcclient.InferInput("X", [1, 16], "FP32")
         unsampled.set_data_from_numpy(x)
         client.infer("matmul", [unsampled], request_id="not-traced")  # ratio 0: no trace of its own
-    wait_for(lambda: len(received.named("encode")) >= 2, what="both requests' spans exported")
+        answers: queue.Queue[Any] = queue.Queue()
+        client.start_stream(lambda result, error: answers.put(error), headers={"traceparent": STREAM_PARENT})
+        for index in range(2):
+            client.async_stream_infer("matmul", [tensor], request_id=f"stream-{index}")
+        assert [answers.get(timeout=30) for _ in range(2)] == [None, None]
+        client.stop_stream()
+    wait_for(lambda: len(received.named("encode")) >= 4, what="the four traced requests' spans exported")
 
     spans = {span["attributes"]["edgeinfer.request.id"]: span for span in received.named("infer matmul")}
-    assert set(spans) == {"http-7", "grpc-7"}
-    for request_id, trace_id, protocol in (("http-7", HTTP_TRACE, "http"), ("grpc-7", GRPC_TRACE, "grpc")):
+    assert set(spans) == {"http-7", "grpc-7", "stream-0", "stream-1"}
+    cases = (
+        ("http-7", HTTP_TRACE, "http"),
+        ("grpc-7", GRPC_TRACE, "grpc"),
+        ("stream-0", STREAM_TRACE, "grpc"),
+        ("stream-1", STREAM_TRACE, "grpc"),
+    )
+    for request_id, trace_id, protocol in cases:
         span = spans[request_id]
         assert (span["trace_id"], span["parent"]) == (trace_id, PARENT)
         assert span["attributes"]["edgeinfer.protocol"] == protocol
