@@ -81,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     precision.add_argument("--fp16", action="store_true", help="convert weights and compute to FP16")
     precision.add_argument("--int8", choices=["dynamic", "static"], help="quantize to INT8")
     optimize.add_argument("--fp16-io", action="store_true", help="with --fp16: FP16 inputs and outputs too")
+    optimize.add_argument(
+        "--fp16-keep-tail",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="with --fp16: the last N operators (the model's head) stay FP32, weights included",
+    )
     optimize.add_argument("--calibration", metavar="DIR", help="--int8 static: sample requests")
     optimize.add_argument("--samples", metavar="DIR", help="sample requests to compare on (*.json, *.npz)")
     optimize.add_argument("--max-drop", type=float, default=0.01, help="largest agreement drop (0.01)")
@@ -168,6 +175,13 @@ def _inspect_text(report: dict) -> str:
             listed = ", ".join(f"{op} x{n}" for op, n in ops.items())
             lines.append(f"    falls back to {fallback}: {listed}")
     return "\n".join(lines)
+
+
+def _count(value: str) -> int:
+    """A whole number >= 0 (argparse makes the error a usage error, exit 2)."""
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, not {value!r}")
+    return int(value)
 
 
 def _workers(value: str | None) -> int | str | None:

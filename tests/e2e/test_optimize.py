@@ -109,3 +109,45 @@ def test_a_variant_over_max_drop_is_refused_and_not_written(tmp_path: Path):
         2,
         f"edgeinfer optimize: no such file: {tmp_path / 'absent.onnx'}",
     )
+
+
+def test_fp16_can_keep_the_models_head_in_fp32_weights_included(tmp_path: Path):
+    """Weights in Constant nodes (as Paddle2ONNX writes them) and unnamed operators: the last two
+    operators and their weights stay FP32, the rest is FP16."""
+    import onnx
+
+    rng = np.random.default_rng(3)
+    weights = rng.standard_normal((8, 4)).astype(np.float32)
+    bias = rng.standard_normal(4).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["W"], value=numpy_helper.from_array(weights)),
+            helper.make_node("Constant", [], ["B"], value=numpy_helper.from_array(bias)),
+            helper.make_node("MatMul", ["X", "W"], ["H"]),
+            helper.make_node("Add", ["H", "B"], ["S"]),
+            helper.make_node("Sigmoid", ["S"], ["Y"]),
+        ],
+        "head",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 4])],
+    )
+    model = save_model(graph, tmp_path / "head.onnx")
+    for tail, bias_type in ((0, TensorProto.FLOAT16), (2, TensorProto.FLOAT)):
+        out = tmp_path / f"tail{tail}.onnx"
+        result = edgeinfer("optimize", str(model), "-o", str(out), "--fp16", "--fp16-keep-tail", str(tail))
+        assert result.returncode == 0, result.stderr
+        converted = onnx.load(str(out))
+        stored = {tensor.name: tensor.data_type for tensor in converted.graph.initializer}
+        stored |= {
+            node.output[0]: node.attribute[0].t.data_type
+            for node in converted.graph.node
+            if node.op_type == "Constant"
+        }
+        assert stored["W"] == TensorProto.FLOAT16
+        assert stored["B"] == bias_type, tail
+    assert "variant: fp16 (the last 2 operators FP32)" in result.stdout
+    alone = edgeinfer("optimize", str(model), "-o", str(tmp_path / "x.onnx"), "--fp16-keep-tail", "2")
+    assert (alone.returncode, alone.stderr.strip()) == (
+        1,
+        "edgeinfer optimize: --fp16-keep-tail goes with --fp16",
+    )
