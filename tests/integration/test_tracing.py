@@ -237,3 +237,21 @@ def test_a_failed_request_is_an_error_span_and_a_malformed_traceparent_starts_a_
     [batch] = [s for s in spans if s.name == "batch d"]
     assert batch.status.status_code is StatusCode.ERROR
     assert "thirteen is unlucky" in batch.status.description
+
+
+def test_a_routed_request_names_the_model_that_answered_and_the_one_asked_for(tmp_path: Path):
+    path = matmul_model(tmp_path / "m.onnx")
+
+    async def main() -> Any:
+        await service.registry.load([ModelSource("a", "1", str(path), ModelConfig())])
+        await service.registry.load([ModelSource("b", "2", str(path), ModelConfig())])
+        await service.set_route("a", [{"model": "b", "weight": 1}])  # all of a's traffic to b
+        return await infer(service, "a", rows(1.0))
+
+    service, exporter = traced_service()
+    response = asyncio.run(main())
+    assert (response.model_name, response.model_version) == ("b", "2")
+    [span] = [s for s in exporter.get_finished_spans() if s.name == "infer a"]
+    attributes = span.attributes
+    assert (attributes["edgeinfer.model.name"], attributes["edgeinfer.model.version"]) == ("b", "2")
+    assert attributes["edgeinfer.model.requested"] == "a"
