@@ -257,14 +257,20 @@ def _constants_as_initializers(graph: Any) -> None:
 
 
 def _name_nodes(graph: Any) -> None:
-    taken = {node.name for node in graph.node if node.name}
+    """Every operator gets a name of its own (the unnamed and all but the first of a repeated name)."""
+    taken: set[str] = set()
+    renamed = []
     for index, node in enumerate(graph.node):
-        if not node.name or sum(1 for other in graph.node if other.name == node.name) > 1:
-            name = f"{node.op_type}_{index}"
-            while name in taken:
-                name += "_"
-            node.name = name
-            taken.add(name)
+        if node.name and node.name not in taken:
+            taken.add(node.name)
+        else:
+            renamed.append((index, node))
+    for index, node in renamed:
+        name = f"{node.op_type}_{index}"
+        while name in taken:
+            name += "_"
+        node.name = name
+        taken.add(name)
 
 
 def to_int8(

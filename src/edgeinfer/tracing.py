@@ -138,14 +138,11 @@ class _EpochClock:
 _CLOCK = _EpochClock()
 
 
-def _new_context(trace_id: int | None = None, parent: SpanContext | None = None) -> SpanContext:
-    """A sampled span context: in ``parent``'s trace, in ``trace_id``'s, or in a new trace."""
-    if parent is not None:
-        trace_id = parent.trace_id
-    elif trace_id is None:
-        trace_id = random.getrandbits(128) or 1
-    state = parent.trace_state if parent is not None else None
-    return SpanContext(trace_id, random.getrandbits(64) or 1, False, _SAMPLED, state)
+def _new_context(parent: SpanContext | None = None) -> SpanContext:
+    """A sampled span context: in ``parent``'s trace, or in a new trace."""
+    if parent is None:
+        return SpanContext(random.getrandbits(128) or 1, random.getrandbits(64) or 1, False, _SAMPLED)
+    return SpanContext(parent.trace_id, random.getrandbits(64) or 1, False, _SAMPLED, parent.trace_state)
 
 
 @dataclass(slots=True)

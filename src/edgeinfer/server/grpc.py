@@ -22,7 +22,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -410,8 +410,8 @@ class GrpcServer:
         is answered as superseded).
         """
         own_stream = f"ModelStreamInfer#{next(self._streams)}"
-        metadata = _CallMetadata.of(context)  # one key and one trace for the stream's every message
-        metadata.request_id = None  # each message has its own
+        # one routing key and one trace context for the stream's every message; each has its own id
+        metadata = replace(_CallMetadata.of(context), request_id=None)
         routing_key = metadata.routing_key
         answers: asyncio.Queue[tuple[InferenceCall, asyncio.Future[Any] | BaseException] | str | None]
         answers = asyncio.Queue()
