@@ -151,3 +151,8 @@ def test_fp16_can_keep_the_models_head_in_fp32_weights_included(tmp_path: Path):
         1,
         "edgeinfer optimize: --fp16-keep-tail goes with --fp16",
     )
+    negative = edgeinfer(
+        "optimize", str(model), "-o", str(tmp_path / "x.onnx"), "--fp16", "--fp16-keep-tail", "-2"
+    )
+    assert negative.returncode == 2
+    assert "argument --fp16-keep-tail: must be a whole number >= 0, not '-2'" in negative.stderr

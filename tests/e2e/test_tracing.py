@@ -214,3 +214,5 @@ def test_an_unknown_exporter_is_refused_at_start(tmp_path: Path):
     )
     with pytest.raises(RuntimeError, match="OTEL_TRACES_EXPORTER names 'zipkin'"):
         server.start(tmp_path / "server.log", timeout=20)
+    assert server.process is not None
+    assert server.process.returncode == 2, "a configuration error"
