@@ -472,18 +472,23 @@ class InferenceService:
                 f"model {name!r} is still loading after {timeout_s:.3f} s, the request's timeout"
             ) from None
 
-    def shed_unread(self, name: str, version: str | None) -> None:
-        """Raise ServerBusy for a request to a model whose SLO the event loop's lag alone already
-        breaks, before its body is decoded (checked only while the loop lags: nothing on light load).
-        Other errors (an unknown model) are left for after decoding, as without load."""
-        if not self.registry.loop_lag_s:
-            return
+    def shed_unread(self, name: str, version: str | None) -> ModelVersion | None:
+        """Raise ServerBusy, before the body is decoded, for a request that would miss its model's SLO
+        even at its most favourable (``Batcher.refuse_unread``: the queue ahead, the event loop's lag).
+        Returns the version the request goes to when its body cannot change that (``Router.settled``),
+        so that it is picked once; a request a route or a fallback may send elsewhere is judged on the
+        lag alone here, and on its queue after decoding. Other errors (an unknown model) are left for
+        after decoding, as without load."""
+        router = self.router
         try:
-            entry = self.router.pick(name, version)
+            entry = judged = router.settled(name, version)
+            if entry is None and self.registry.loop_lag_s:
+                judged = router.pick(name, version)
         except EdgeInferError:
-            return
-        if entry.serving is not None:
-            entry.serving.batcher.refuse_unread()
+            return None
+        if judged is not None and judged.serving is not None:
+            judged.serving.batcher.refuse_unread(queue_known=entry is not None)
+        return entry
 
     def record(self, outcome: Outcome) -> None:
         """Count a finished request and log it; requests for unknown models are counted as one model."""
@@ -575,6 +580,7 @@ class InferenceCall:
         "_outputs",
         "_recorded",
         "_service",
+        "_settled",
         "_version",
         "outcome",
         "request",
@@ -589,6 +595,7 @@ class InferenceCall:
         self._version = ""
         self._output_parameters: dict[str, dict[str, Any]] = {}
         self._recorded = False
+        self._settled: ModelVersion | None = None  # picked before decoding (the body cannot change it)
 
     @property
     def request_id(self) -> str:
@@ -596,10 +603,11 @@ class InferenceCall:
 
     def decode(self, decoder: Callable[[A], InferRequest], data: A) -> InferRequest:
         """``decoder(data)``, timed. The request id: the transport's, else the body's, else a new one.
-        A model over its SLO because the server is behind refuses before decoding (``shed_unread``)."""
+        A request that would miss its model's SLO whatever its body says is refused before decoding
+        (``shed_unread``)."""
         outcome = self.outcome
         try:
-            self._service.shed_unread(outcome.model, outcome.version)
+            self._settled = self._service.shed_unread(outcome.model, outcome.version)
             request = decoder(data)
             check_sizes(request, self._service.limits)
         except BaseException:
@@ -628,7 +636,9 @@ class InferenceCall:
 
     def _queue(self, request: InferRequest, deadline_s: float | None) -> asyncio.Future[Tensors]:
         service, outcome = self._service, self.outcome
-        entry = service.router.pick(outcome.model, outcome.version, request)
+        entry = self._settled
+        if entry is None or entry.state is not _READY:  # not picked before decoding, or since unloaded
+            entry = service.router.pick(outcome.model, outcome.version, request)
         serving = entry.serving
         if entry.state is not _READY or serving is None:
             raise ModelNotReady(f"model {entry.name!r} version {entry.version} is {entry.state.wire.lower()}")
@@ -666,6 +676,7 @@ class InferenceCall:
         started = time.monotonic()
         timeout_s = _earliest(parse_timeout_s(request.parameters), deadline_s)
         await self._service.load_evicted(self.outcome.model, timeout_s)
+        self._settled = None  # picked again, now that it is loaded
         left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - started))
         request.parameters.pop("timeout", None)  # what is left of it is in ``left``
         return await self._queue(request, left)

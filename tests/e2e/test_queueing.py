@@ -183,16 +183,20 @@ def test_a_request_that_would_miss_the_slo_gets_429_at_once_with_retry_after(spe
         running = pool.submit(request, port, "POST", "/v2/models/slow_slo/infer", slow_body(8))
         wait_queue(port, "slow_slo", 0, 1)
         reply = request(port, "POST", "/v2/models/slow_slo/infer", slow_body(1))
+        # the queue alone decides: the body is not even read (a garbled one is refused, not a 400)
+        unread = request(port, "POST", "/v2/models/slow_slo/infer", b'{"inputs": [garbled')
         refused_while_running = not running.done()
         assert running.result().status == 200
     assert reply.status == 429
     assert "is over its latency objective" in reply.error
     assert "against an SLO of 1 ms" in reply.error
     assert int(reply.headers["retry-after"]) >= 1
+    assert unread.status == 429
+    assert "it was refused before its body was read" in unread.error
     assert refused_while_running, "refused at once, not after waiting for the running batch"
     samples = scrape(port)
     labels = {"model": "slow_slo", "version": "1"}
-    assert metric(samples, "edgeinfer_requests_refused_total", **labels, reason="slo") == 1
+    assert metric(samples, "edgeinfer_requests_refused_total", **labels, reason="slo") == 2
     assert metric(samples, "edgeinfer_batch_cost_seconds", **labels, part="per_row") > 0, "the cost line"
     alone = request(port, "POST", "/v2/models/slow_slo/infer", slow_body(1))
     assert alone.status == 200, "with nothing ahead, a request is admitted whatever the SLO"

@@ -294,6 +294,37 @@ def test_a_request_predicted_to_miss_the_slo_is_refused_at_once_and_counted():
     assert batcher.recorder.stats.fail.count == 1
 
 
+def test_a_request_is_refused_unread_only_when_no_body_could_make_it_in_time():
+    """Before decoding, a request is judged at its most favourable (one row, the highest priority):
+    refused when even that misses the SLO, and never when its body could still make it in time."""
+
+    async def main():
+        backend = FakeBackend(hold=True)
+        adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
+        batcher = _seeded(backend, adaptive, QueueLimits(slo_s=0.035))
+        batcher.refuse_unread()  # nothing running or queued: nothing to judge
+        running = submit(batcher, 1.0, 2)  # 20 ms
+        await entered(backend, 1)
+        batcher.refuse_unread()  # 20 ms running + 10 ms: within 35 ms
+        low = submit(batcher, 2.0, priority=5)  # 10 ms more, but a priority-1 request goes first
+        batcher.refuse_unread()
+        high = submit(batcher, 3.0, priority=1)
+        batcher.refuse_unread(queue_known=False)  # a route may send it to another queue: lag only
+        with pytest.raises(
+            ServerBusy,
+            match=r"would finish in 40\.0 ms \(queue ahead 30\.0 ms, server "
+            r"busy 0\.0 ms\) against an SLO of 35 ms; it was refused before its body",
+        ):
+            batcher.refuse_unread()  # 20 ms running + 10 ms at priority 1 + 10 ms
+        backend.release()
+        await asyncio.gather(running, low, high)
+        return batcher
+
+    batcher = asyncio.run(main())
+    assert batcher.recorder.metrics.refused == {"slo": 1}
+    assert batcher.recorder.stats.fail.count == 1
+
+
 def test_higher_priority_is_admitted_where_lower_priority_is_refused():
     async def main():
         backend = FakeBackend(hold=True)

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from edgeinfer.backends import LoadContext
-from edgeinfer.config import ModelConfig, ResidencyConfig
+from edgeinfer.config import ModelConfig, ResidencyConfig, RouteVariant
 from edgeinfer.errors import (
     InvalidInput,
     ModelEvicted,
@@ -126,6 +126,35 @@ def test_the_router_picks_the_named_version_else_the_highest_ready_one(tmp_path:
         await registry.unload("m")
         with pytest.raises(ModelNotReady, match="no version ready"):
             router.pick("m")
+
+    run(main)
+
+
+def test_a_request_is_settled_before_decoding_only_when_its_body_cannot_move_it(tmp_path: Path):
+    """``Router.settled``: what admission may judge before decoding. A route (the body's routing key) or
+    a fallback (the ladder) can send a request elsewhere; a named version cannot."""
+    path = matmul_model(tmp_path / "m.onnx")
+
+    async def main():
+        service = build()
+        registry, router = service.registry, service.router
+        ladder = {"model": "m", "enter_p95_ms": 50, "exit_p95_ms": 20}
+        await registry.load(
+            [
+                onnx_source(path, version="1"),
+                onnx_source(path, version="2"),
+                onnx_source(path, name="laddered", fallback=ladder),
+            ]
+        )
+        assert router.settled("m") is router.pick("m")
+        assert router.settled("m").version == "2"
+        assert router.settled("laddered") is None
+        assert router.settled("laddered", "1") is router.pick("laddered", "1")
+        router.set_route("m", (RouteVariant(version="1", weight=9), RouteVariant(version="2", weight=1)))
+        assert router.settled("m") is None
+        assert router.settled("m", "2").version == "2"
+        with pytest.raises(ModelNotFound, match="unknown model 'other'"):
+            router.settled("other")
 
     run(main)
 

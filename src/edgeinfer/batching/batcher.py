@@ -19,6 +19,7 @@ from typing import Protocol
 
 from edgeinfer.batching.lag import LoopLag
 from edgeinfer.batching.policy import (
+    HIGHEST_PRIORITY,
     BatchPolicy,
     Measured,
     Pending,
@@ -236,17 +237,7 @@ class Batcher:
         measured = self.measured()
         if measured is None:
             return
-        requests_ahead = rows_ahead = 0
-        for level, (count, rows_queued) in self._queued.items():
-            if level <= priority:
-                requests_ahead += count
-                rows_ahead += rows_queued
-        most = self.policy.max_batch_size
-        batches = -(-rows_ahead // most) if most > 1 else requests_ahead
-        backlog_s = measured.per_row_s * (rows_ahead + self._running_rows) + measured.per_batch_s * (
-            batches + self._running
-        )
-        backlog_s /= max(1, self.runner.concurrency)
+        backlog_s = self._backlog_s(measured, priority)
         finish = now + backlog_s + measured.batch_s(rows)
         if deadline is not None and finish > deadline:
             self.recorder.refused("deadline")
@@ -268,20 +259,56 @@ class Batcher:
                 retry_after_s=backlog_s + lag_s,
             )
 
-    def refuse_unread(self) -> None:
-        """Refuse a request before its body is decoded when the event loop's lag alone makes it miss
-        the SLO: the loop is the bottleneck, and a refusal that skips decoding is what lets it catch up
-        (``lag.py``). The queue is judged after decoding (``_admit``), when rows and priority are known."""
+    def _backlog_s(self, measured: Measured, priority: int) -> float:
+        """How long until a request of ``priority`` would start: the rows queued ahead of it (at its
+        priority or a higher one) and the batches now running, at the measured cost, shared by the
+        runner's concurrent slots."""
+        requests_ahead = rows_ahead = 0
+        for level, (count, rows_queued) in self._queued.items():
+            if level <= priority:
+                requests_ahead += count
+                rows_ahead += rows_queued
+        most = self.policy.max_batch_size
+        batches = -(-rows_ahead // most) if most > 1 else requests_ahead
+        backlog_s = measured.per_row_s * (rows_ahead + self._running_rows) + measured.per_batch_s * (
+            batches + self._running
+        )
+        return backlog_s / max(1, self.runner.concurrency)
+
+    def refuse_unread(self, queue_known: bool = True) -> None:
+        """Refuse a request before its body is decoded when it would miss the SLO even at its most
+        favourable, one row at the highest priority: the batches running, the queue ahead of such a
+        request, and the event loop's lag (how long it waited before it was read, ``lag.py``).
+        ``queue_known`` False: the request may go to another model's queue (a route, a fallback), so
+        only the lag is judged here.
+
+        Decoding is what the refusal skips, and under overload it is most of what a refusal costs: a
+        model whose queue is full of JSON images spent the loop's time decoding requests only to refuse
+        them, and the refusals waited behind those decodes. Whatever this refuses, ``_admit`` would
+        refuse after decoding (a request has at least one row and no priority above the highest), so
+        it changes when a request is refused, never whether. Cheap when nothing is queued or running
+        and the loop is on time: two tests."""
         lag, slo_s = self._lag, self.limits.slo_s
-        if lag is None or slo_s is None or not lag.lag_s or not self.runner.cost.observed:
+        if slo_s is None:
             return
-        own_s = self.runner.cost.estimate_s(1) or 0.0
-        if lag.lag_s + own_s > slo_s >= own_s:
+        lag_s = lag.lag_s if lag is not None else 0.0
+        queued_behind = queue_known and bool(self._pending or self._running)
+        if not (lag_s or queued_behind):
+            return
+        measured = self.measured()
+        if measured is None:
+            return
+        backlog_s = self._backlog_s(measured, HIGHEST_PRIORITY) if queued_behind else 0.0
+        own_s = measured.batch_s(1)
+        finish_s = backlog_s + own_s + lag_s
+        if finish_s > slo_s and (queued_behind or own_s <= slo_s):
             self.recorder.refused("slo")
             raise ServerBusy(
-                f"model {self.name} is over its latency objective: the server is {lag.lag_s * 1000:.1f} "
-                f"ms behind, against an SLO of {slo_s * 1000:.0f} ms; retry later",
-                retry_after_s=lag.lag_s,
+                f"model {self.name} is over its latency objective: a request would finish in "
+                f"{finish_s * 1000:.1f} ms (queue ahead {backlog_s * 1000:.1f} ms, server busy "
+                f"{lag_s * 1000:.1f} ms) against an SLO of {slo_s * 1000:.0f} ms; it was refused before "
+                "its body was read; retry later",
+                retry_after_s=backlog_s + lag_s,
             )
 
     def _goes_alone(self, item: Pending, now: float) -> bool:

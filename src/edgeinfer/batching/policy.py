@@ -77,6 +77,9 @@ class Measured:
         return self.per_batch_s > 0 and self.per_batch_s >= self.per_row_s
 
 
+HIGHEST_PRIORITY = 1  # the lowest level number a request can have (0 asks for the model's default)
+
+
 @dataclass(slots=True, eq=False)
 class Pending:
     """A queued request as the policy sees it. ``group`` is equal for requests that can be merged."""
@@ -84,7 +87,7 @@ class Pending:
     rows: int
     group: Hashable
     enqueued_at: float
-    priority: int = 1
+    priority: int = HIGHEST_PRIORITY
     deadline: float | None = None
     sequence: int = 0
     payload: object = field(default=None, repr=False)

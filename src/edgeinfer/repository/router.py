@@ -72,6 +72,22 @@ class Router:
         except EdgeInferError:  # the fallback is not there (unknown, unloaded): the model itself answers
             return best
 
+    def settled(self, name: str, version: str | None = None) -> ModelVersion | None:
+        """The version a request for ``name`` goes to whatever its body says: the version it names, or
+        the highest READY one of a model with neither a route nor a fallback; None when its routing key
+        or the ladder may send it elsewhere. Lets a request be judged before its body is decoded
+        (``InferenceService.shed_unread``), and picked once."""
+        if version is not None:
+            return self._registry.get(name, version)
+        if name in self._routes:
+            return None
+        best = self._highest_ready(name)
+        if best.config.fallback is not None:
+            return None
+        if self._ladders:  # as in ``pick``: a reload may have removed the fallback
+            self._ladders.pop(name, None)
+        return best
+
     def _routed(self, name: str, best: ModelVersion, request: InferRequest) -> ModelVersion:
         """The variant of ``name``'s route for this request, or ``best`` when there is no route or the
         variant cannot serve now (not loaded, not ready): a route never fails a request."""
