@@ -312,8 +312,8 @@ def test_a_request_is_refused_unread_only_when_no_body_could_make_it_in_time():
         batcher.refuse_unread(queue_known=False)  # a route may send it to another queue: lag only
         with pytest.raises(
             ServerBusy,
-            match=r"would finish in 40\.0 ms \(queue ahead 30\.0 ms, server "
-            r"busy 0\.0 ms\) against an SLO of 35 ms; it was refused before its body",
+            match=r"would finish in 40\.0 ms \(queue ahead 30\.0 ms\) against an SLO of 35 ms; "
+            r"it was refused before its body was read",
         ):
             batcher.refuse_unread()  # 20 ms running + 10 ms at priority 1 + 10 ms
         backend.release()
@@ -323,6 +323,39 @@ def test_a_request_is_refused_unread_only_when_no_body_could_make_it_in_time():
     batcher = asyncio.run(main())
     assert batcher.recorder.metrics.refused == {"slo": 1}
     assert batcher.recorder.stats.fail.count == 1
+
+
+def test_before_decoding_the_lag_and_the_queue_are_judged_each_alone():
+    """20 ms of lag and a 20 ms batch running, 10 ms per request, SLO 35 ms: neither alone refuses a
+    request unread (the lag trails the loop: refusing on the sum swept through requests that had not
+    waited); after decoding, admission adds them up and refuses it."""
+    from edgeinfer.batching.lag import LoopLag
+
+    async def main():
+        backend = FakeBackend(hold=True)
+        lag = LoopLag()
+        adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
+        batcher = _seeded(backend, adaptive, QueueLimits(slo_s=0.035), lag)
+        running = submit(batcher, 1.0, 2)
+        await entered(backend, 1)
+        lag.lag_s = 0.020
+        batcher.refuse_unread()
+        with pytest.raises(ServerBusy, match=r"server busy 20\.0 ms\) against an SLO of 35 ms"):
+            submit(batcher, 2.0)
+        lag.lag_s = 0.030
+        with pytest.raises(
+            ServerBusy,
+            match=r"the server is 30\.0 ms behind, against an SLO of 35 ms; it "
+            r"was refused before its body was read",
+        ):
+            batcher.refuse_unread()
+        lag.stop()
+        backend.release()
+        await running
+        return batcher
+
+    batcher = asyncio.run(main())
+    assert batcher.recorder.metrics.refused == {"slo": 2}
 
 
 def test_higher_priority_is_admitted_where_lower_priority_is_refused():
