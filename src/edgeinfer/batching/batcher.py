@@ -285,9 +285,9 @@ class Batcher:
 
         Decoding is what the refusal skips, and under overload it is most of what a refusal costs: a
         model whose queue is full of JSON images spent the loop's time decoding requests only to refuse
-        them, and the refusals waited behind those decodes. Whatever this refuses, ``_admit`` would
-        refuse after decoding (a request has at least one row and no priority above the highest), so
-        it changes when a request is refused, never whether.
+        them, and the refusals waited behind those decodes. What the queue check refuses, ``_admit``
+        would refuse after decoding (a request has at least one row and no priority above the
+        highest): it changes when such a request is refused, not whether.
 
         Why not the sum here as well: measured with `tiny` offered 4,400 requests/s (its sustainable
         rate), 10 fresh servers each, refusing unread on the sum cut the answered rate from a median of
