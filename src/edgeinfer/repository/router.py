@@ -59,8 +59,7 @@ class Router:
             return best
         fallback = best.config.fallback
         if fallback is None:
-            if self._ladders:  # a reload may have removed the fallback: its ladder goes too
-                self._ladders.pop(name, None)
+            self._forget_ladder(name)
             return self._routed(name, best, request) if self._routes else best
         ladder = self._ladders.get(name)
         if ladder is None or ladder.config is not fallback:  # first request, or the model was reloaded
@@ -77,16 +76,19 @@ class Router:
         the highest READY one of a model with neither a route nor a fallback; None when its routing key
         or the ladder may send it elsewhere. Lets a request be judged before its body is decoded
         (``InferenceService.shed_unread``), and picked once."""
-        if version is not None:
-            return self._registry.get(name, version)
-        if name in self._routes:
+        if version is None and name in self._routes:
             return None
-        best = self._highest_ready(name)
-        if best.config.fallback is not None:
-            return None
-        if self._ladders:  # as in ``pick``: a reload may have removed the fallback
+        entry = self.pick(name, version)
+        if version is None:
+            if entry.config.fallback is not None:
+                return None
+            self._forget_ladder(name)
+        return entry
+
+    def _forget_ladder(self, name: str) -> None:
+        """A reload may have removed the model's fallback: its ladder goes too."""
+        if self._ladders:
             self._ladders.pop(name, None)
-        return best
 
     def _routed(self, name: str, best: ModelVersion, request: InferRequest) -> ModelVersion:
         """The variant of ``name``'s route for this request, or ``best`` when there is no route or the
