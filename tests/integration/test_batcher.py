@@ -236,6 +236,38 @@ def test_a_batch_predicted_cheaper_than_the_thread_hop_runs_inline():
     np.testing.assert_array_equal(asyncio.run(main())["y"], rows(4.0, 1))
 
 
+def test_a_request_that_starts_alone_is_counted_once_inline_in_a_thread_or_cancelled():
+    """With nothing else in flight a request skips the queue: inline it is answered and counted before
+    submit returns; in a thread, when it is answered; cancelled while running, as a failure."""
+
+    async def main():
+        backend = FakeBackend()
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=8), inline_max_s=1.0)
+        stats = batcher.recorder.stats
+        first = submit(batcher, 1.0)  # nothing measured yet: a worker thread
+        assert not first.done() and batcher.outstanding == 1 and batcher.queue_length == 0
+        await first
+        await asyncio.sleep(0)  # the count comes with the future's callbacks
+        assert (batcher.outstanding, stats.success.count) == (0, 1)
+        second = submit(batcher, 2.0)  # inline: done, counted, idle, all before submit returned
+        assert second.done() and (batcher.outstanding, stats.success.count, stats.queue.count) == (0, 2, 2)
+        await batcher.drain()  # returns at once: nothing is in flight
+
+        held = FakeBackend(hold=True)
+        batcher = make(held, policy=BatchPolicy(max_batch_size=8))
+        gone = submit(batcher, 3.0)
+        await entered(held, 1)
+        gone.cancel()
+        await asyncio.sleep(0)
+        assert (batcher.outstanding, batcher.recorder.stats.fail.count) == (0, 1)
+        held.release()
+        await batcher.drain()
+        return batcher.recorder.stats
+
+    stats = asyncio.run(main())
+    assert (stats.success.count, stats.fail.count, stats.execution_count) == (0, 1, 1)
+
+
 def test_an_async_runner_keeps_to_its_concurrency_with_prefetch():
     """max_concurrent_batches 1 and prefetch_batches 2: three batches handed over, one predict at a time."""
     inside = 0

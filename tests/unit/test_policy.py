@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from edgeinfer.batching.policy import BatchPolicy, Measured, Pending, next_batch
+from edgeinfer.batching.policy import BatchPolicy, Measured, Pending, next_batch, runs_alone
 
 POLICY = BatchPolicy(max_batch_size=8, max_queue_delay_s=0.010)
 
@@ -201,3 +201,35 @@ def test_merging_pays_exactly_when_it_lowers_the_mean_completion_time(per_row, p
         alone = sum(i * measured.batch_s(1) for i in range(1, k + 1)) / k
         merged = measured.batch_s(k)
         assert (merged <= alone + 1e-12) is measured.merging_pays(), (per_row, per_batch, k)
+
+
+LONE_POLICIES = [
+    ADAPTIVE,
+    BatchPolicy(max_batch_size=0, adaptive=True),
+    BatchPolicy(max_batch_size=1, adaptive=True),
+    POLICY,
+    BatchPolicy(max_batch_size=8),  # fixed, no wait
+    BatchPolicy(max_batch_size=8, max_queue_delay_s=0.010, preferred_batch_sizes=(1, 4)),
+]
+LONE_MEASURED = [
+    None,
+    FIXED_COST,
+    replace(FIXED_COST, interarrival_s=0.0002),
+    replace(FIXED_COST, interarrival_s=0.002),
+    replace(FIXED_COST, interarrival_s=0.0002, spare_slots=1),
+    replace(PER_ROW, interarrival_s=0.0001),
+    Measured(0.0, 0.0, interarrival_s=0.0001),
+]
+
+
+@pytest.mark.parametrize("policy", LONE_POLICIES)
+@pytest.mark.parametrize("measured", LONE_MEASURED)
+@pytest.mark.parametrize("rows", [1, 3, 8, 9])
+@pytest.mark.parametrize("due", [None, 0.0012, 0.0020])
+def test_a_lone_request_runs_at_once_exactly_when_next_batch_would_run_it(policy, measured, rows, due):
+    """``runs_alone`` is the light-load shortcut of ``next_batch`` for a queue of one request that has
+    just arrived: over every policy kind, measurement, size and due time, the two agree."""
+    item = Pending(rows=rows, group="a", enqueued_at=0.0, due=due)
+    decided = next_batch([item], policy, now=0.0, measured=measured)
+    assert runs_alone(rows, due, policy, 0.0, measured) is bool(decided.batch)
+    assert decided.batch in ([], [item])

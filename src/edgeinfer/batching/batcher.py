@@ -25,6 +25,7 @@ from edgeinfer.batching.policy import (
     Pending,
     next_batch,
     next_deadline,
+    runs_alone,
     split_expired,
 )
 from edgeinfer.batching.recorder import BatchRecorder
@@ -155,12 +156,21 @@ class Batcher:
         lag = self._lag
         if lag is not None:
             lag.used(now)
-        deadline = _deadline(now, timeout_s, self.limits.queue_timeout_s)
+        queue_timeout_s = self.limits.queue_timeout_s
+        if timeout_s is not None or queue_timeout_s is not None:
+            deadline: float | None = _deadline(now, timeout_s, queue_timeout_s)
+        else:
+            deadline = None
         due = now + self.limits.slo_s if self.limits.slo_s is not None else None
         if (deadline is not None or due is not None) and (
             self._pending or self._running or (lag is not None and lag.lag_s)
         ):
             self._admit(work.rows, priority, now, deadline, due)
+        if stream is not None:
+            self._supersede(stream)
+        idle = not self._outstanding and self._running < self.runner.capacity
+        if idle and self._goes_alone(work.rows, due, now):
+            return self._run_alone(work, now, trace)
         future: asyncio.Future[Tensors] = self._loop.create_future()
         item = Pending(
             rows=work.rows,
@@ -173,17 +183,9 @@ class Batcher:
             due=due,
             stream=stream,
         )
-        if stream is not None:
-            self._supersede(stream)
         self._idle.clear()
         future.add_done_callback(partial(self._on_answered, item))
         self._outstanding += 1
-        if self._outstanding == 1 and self._running < self.runner.capacity and self._goes_alone(item, now):
-            # Nothing else in flight: no other request can join, so start now; a fast model runs inline
-            # and the caller finds the future already done.
-            self._start([item], now)
-            self._update_idle()
-            return future
         self._pending.append(item)
         self._count_queued(item, 1)
         if not self._flush_soon:
@@ -191,6 +193,25 @@ class Batcher:
             # in the same iteration are parsed by then and can join the batch (the hop costs < 1 us).
             self._flush_soon = True
             self._loop.call_soon(self._flush)
+        return future
+
+    def _run_alone(self, work: Work, now: float, trace: RequestTrace | None) -> asyncio.Future[Tensors]:
+        """Nothing else in flight: no other request can join, so start now, without queueing. A fast
+        model runs inline and the caller finds the future already done; the request is then counted
+        here and now, not in a callback one loop iteration later (the light-load path: every object and
+        callback it skips is latency at concurrency 1)."""
+        future: asyncio.Future[Tensors] = self._loop.create_future()
+        self._idle.clear()
+        self._outstanding += 1
+        self.recorder.started(0.0)
+        if trace is not None:
+            trace.queue_s, trace.batch_rows = 0.0, work.rows
+        self._run([_Job(work, future, trace)], work.rows, now)
+        if future.done():
+            self._answered(None, now, future)
+            self._update_idle()
+        else:
+            future.add_done_callback(partial(self._answered, None, now))
         return future
 
     def _supersede(self, stream: str) -> None:
@@ -322,19 +343,18 @@ class Batcher:
                 retry_after_s=backlog_s,
             )
 
-    def _goes_alone(self, item: Pending, now: float) -> bool:
+    def _goes_alone(self, rows: int, due: float | None, now: float) -> bool:
         """Whether a request with nothing else in flight runs at once. An adaptive policy is asked (it
         waits only when another request is due sooner than a batch of one would take); deferring the
         decision by one loop iteration costs a light-load request tens of microseconds. While the loop
         lags, it is deferred: the requests read in the same iteration then form one batch."""
         policy = self.policy
-        if policy.max_batch_size <= 1 or item.rows >= policy.max_batch_size:
-            return True
-        if policy.adaptive:
-            if self._lag is not None and self._lag.lag_s:
-                return False  # the loop is behind: requests it reads in this iteration merge (lag.py)
-            return bool(next_batch([item], policy, now, self.measured()).batch)
-        return policy.max_queue_delay_s <= 0
+        if not policy.adaptive:
+            return runs_alone(rows, due, policy, now)
+        lag = self._lag
+        if lag is not None and lag.lag_s and rows < policy.max_batch_size:
+            return False  # the loop is behind: requests it reads in this iteration merge (lag.py)
+        return runs_alone(rows, due, policy, now, self.measured())
 
     def _flush(self) -> None:
         self._flush_soon = False
@@ -346,13 +366,16 @@ class Batcher:
         await self._idle.wait()
 
     def _on_answered(self, item: Pending, future: asyncio.Future[Tensors]) -> None:
-        """Count the request; if it was cancelled while queued, take it out of the queue."""
+        """Count a queued request; if it was cancelled while queued, take it out of the queue."""
+        self._answered(item, item.enqueued_at, future)
+
+    def _answered(self, item: Pending | None, enqueued_at: float, future: asyncio.Future[Tensors]) -> None:
+        """Count a request answered (or failed, or cancelled); ``item``: its place in the queue, None
+        for one that never queued (``_run_alone``)."""
         self._outstanding -= 1
         cancelled = future.cancelled()
-        self.recorder.answered(
-            not cancelled and future.exception() is None, time.monotonic() - item.enqueued_at
-        )
-        if cancelled and item in self._pending:
+        self.recorder.answered(not cancelled and future.exception() is None, time.monotonic() - enqueued_at)
+        if cancelled and item is not None and item in self._pending:
             self._remove([item])
             self._schedule(None)
 
@@ -416,9 +439,7 @@ class Batcher:
                 )
 
     def _start(self, batch: list[Pending], now: float) -> None:
-        self._running += 1
         rows = sum(item.rows for item in batch) if len(batch) > 1 else batch[0].rows
-        self._running_rows += rows
         jobs: list[_Job] = []
         for item in batch:
             job: _Job = item.payload  # type: ignore[assignment]
@@ -427,6 +448,12 @@ class Batcher:
             self.recorder.started(waited)
             if job.trace is not None:
                 job.trace.queue_s, job.trace.batch_rows = waited, rows
+        self._run(jobs, rows, now)
+
+    def _run(self, jobs: list[_Job], rows: int, now: float) -> None:
+        """Hand the batch to the runner; it is answered now if it ran inline, else when it finishes."""
+        self._running += 1
+        self._running_rows += rows
         done = self.runner.run([job.work for job in jobs])
         if done.done():  # ran inline: answer now; the caller's scheduling loop goes on
             self._complete(jobs, rows, now, done)

@@ -52,7 +52,7 @@ class BatchPolicy:
     adaptive: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Measured:
     """What the adaptive policy decides from: batch time ``per_batch_s + per_row_s * rows`` and the mean
     time between arrivals (None until measured)."""
@@ -177,21 +177,48 @@ def _adaptive(
     for it (see the module docstring)."""
     if measured is not None and not measured.merging_pays():
         return Decision(candidates[:1], expired, None)  # merging would raise the mean latency
-    if full or measured is None or measured.interarrival_s is None or measured.spare_slots > 0:
-        return Decision(candidates, expired, None)  # (a spare slot: run now, in parallel, not later)
     head = candidates[0]
-    gap = measured.interarrival_s
-    one = measured.batch_s(1)
-    waited = now - head.enqueued_at
-    if gap > one or waited + gap > one:  # the next one is not expected in time, or waited enough
+    wait_s = _worth_waiting(rows, full, now - head.enqueued_at, head.due, now, measured)
+    if wait_s is None:
         return Decision(candidates, expired, None)
-    if head.due is not None and now + gap + measured.batch_s(rows + 1) > head.due:
-        return Decision(candidates, expired, None)
-    wake_at = now + gap
+    wake_at = now + wait_s
     deadline = next_deadline(alive)
     if deadline is not None:
         wake_at = min(wake_at, deadline)
     return Decision([], expired, wake_at)
+
+
+def _worth_waiting(
+    rows: int, full: bool, waited: float, due: float | None, now: float, measured: Measured | None
+) -> float | None:
+    """How long to wait for one more request (the expected gap), or None to run ``rows`` now: not
+    full, no idle slot, one expected before a batch of one would finish, and the oldest request (it
+    waited ``waited``, it is ``due``) still in time once the larger batch runs."""
+    if full or measured is None or measured.interarrival_s is None or measured.spare_slots > 0:
+        return None  # (a spare slot: run now, in parallel, not later)
+    gap = measured.interarrival_s
+    one = measured.batch_s(1)
+    if gap > one or waited + gap > one:  # the next one is not expected in time, or waited enough
+        return None
+    if due is not None and now + gap + measured.batch_s(rows + 1) > due:
+        return None
+    return gap
+
+
+def runs_alone(
+    rows: int, due: float | None, policy: BatchPolicy, now: float, measured: Measured | None = None
+) -> bool:
+    """Whether a request arriving with nothing else queued or running starts at once: what
+    ``next_batch`` decides for a queue of just that request (it has not expired: it just came), without
+    building the queue. The light-load path asks it for every request, so it must cost little."""
+    limit = policy.max_batch_size
+    if limit <= 1 or rows >= limit:
+        return True
+    if not policy.adaptive:
+        return policy.max_queue_delay_s <= 0 or rows in policy.preferred_batch_sizes
+    if measured is not None and not measured.merging_pays():
+        return True
+    return _worth_waiting(rows, False, 0.0, due, now, measured) is None
 
 
 def _preferred_prefix(candidates: list[Pending], preferred: tuple[int, ...]) -> list[Pending]:

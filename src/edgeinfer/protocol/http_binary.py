@@ -39,7 +39,7 @@ def decode_request(
         parameters = raw.get("parameters") if isinstance(raw, dict) else None
         if not isinstance(parameters, dict) or "binary_data_size" not in parameters:
             continue
-        name, datatype, shape, _ = json_codec.decode_tensor_header(raw, f"inputs[{position}]")
+        name, datatype, shape, _ = json_codec.decode_tensor_header(raw, position)
         size = parameters["binary_data_size"]
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise InvalidInput(

@@ -266,27 +266,39 @@ def _too_deep(depth: str, limit: int) -> None:
     )
 
 
-def decode_tensor_header(raw: Any, where: str) -> tuple[str, str, tuple[int, ...], Parameters]:
-    """Check a tensor's name, datatype, shape and parameters (shared by JSON and binary inputs)."""
+def decode_tensor_header(raw: Any, position: int) -> tuple[str, str, tuple[int, ...], Parameters]:
+    """Check the name, datatype, shape and parameters of ``inputs[position]`` (shared by JSON and binary
+    inputs). Every request passes here: its messages are built only when they are raised."""
     if not isinstance(raw, dict):
-        raise InvalidInput(f"{where} must be a JSON object, not {_json_type(raw)}")
+        raise InvalidInput(f"inputs[{position}] must be a JSON object, not {_json_type(raw)}")
     name = raw.get("name")
     if not isinstance(name, str) or not name:
-        raise InvalidInput(f"{where} needs a 'name' string")
+        raise InvalidInput(f"inputs[{position}] needs a 'name' string")
     datatype = raw.get("datatype")
     if not isinstance(datatype, str):
         raise InvalidInput(f"input {name!r} needs a 'datatype' string (e.g. \"FP32\")")
     numpy_dtype(datatype)  # raises a clear error for unknown names
     shape = raw.get("shape")
-    if not isinstance(shape, list) or not all(
-        isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 for dim in shape
-    ):
+    if not isinstance(shape, list) or not _dimensions(shape):
         raise InvalidInput(f"input {name!r}: 'shape' must be a list of non-negative integers, got {shape!r}")
-    check_shape(name, tuple(shape))
-    parameters = _parameters(raw.get("parameters"), f"input {name!r} 'parameters'")
+    dims = tuple(shape)
+    check_shape(name, dims)
+    parameters = raw.get("parameters")
+    if parameters is None:
+        parameters = {}
+    elif not isinstance(parameters, dict):
+        raise InvalidInput(f"input {name!r} 'parameters' must be a JSON object, not {_json_type(parameters)}")
     if not _TENSOR_FIELDS.issuperset(raw):
         _ignore_fields(raw.keys() - _TENSOR_FIELDS, "input tensor")
-    return name, datatype, tuple(shape), parameters
+    return name, datatype, dims, parameters
+
+
+def _dimensions(shape: list[Any]) -> bool:
+    """Every dimension is a non-negative integer (JSON's ``true`` is not one: its type is bool)."""
+    for dim in shape:  # noqa: SIM110 (a loop beats all() over a generator on a shape's few items)
+        if type(dim) is not int or dim < 0:
+            return False
+    return True
 
 
 def _ignore_fields(names: set[str], where: str) -> None:
@@ -301,7 +313,7 @@ def _ignore_fields(names: set[str], where: str) -> None:
 def _decode_input(
     raw: Any, position: int, binary_inputs: dict[str, np.ndarray] | None
 ) -> tuple[str, np.ndarray, Parameters]:
-    name, datatype, shape, parameters = decode_tensor_header(raw, f"inputs[{position}]")
+    name, datatype, shape, parameters = decode_tensor_header(raw, position)
     if binary_inputs is not None and name in binary_inputs:
         return name, binary_inputs[name], parameters
     if "data" not in raw:
@@ -345,6 +357,11 @@ _KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "fraction
 def _numbers(data: list[Any], dtype: np.dtype, datatype: str) -> np.ndarray:
     values = np.array(data)  # numpy reads the kind of the values (and the nesting) in C
     found = values.dtype.kind
+    if found == "f" and dtype.kind == "f":  # fractional numbers for a float tensor: the common case
+        if values.dtype == dtype:
+            return values
+        with np.errstate(over="ignore"):  # beyond the type's range is inf, as in a cast anywhere
+            return values.astype(dtype)
     if found in "fO" and dtype.kind == "u" and dtype.itemsize == 8:
         values = _uint64(data)  # integers beyond int64 next to small ones: numpy guessed float64
         found = values.dtype.kind
@@ -458,7 +475,7 @@ def array_to_json(name: str, array: np.ndarray) -> Any:
     """Flat JSON data for an array: the array itself (orjson encodes it) or a list of strings."""
     if array.dtype == object or array.dtype.kind in ("S", "U"):
         return [_bytes_to_str(name, element) for element in array.reshape(-1)]
-    return np.ascontiguousarray(array).reshape(-1)
+    return array.ravel()  # flat and contiguous (orjson encodes only those), a view when it can be
 
 
 def _bytes_to_str(name: str, element: Any) -> str:
