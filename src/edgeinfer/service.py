@@ -171,11 +171,8 @@ class InferenceService:
         self._started_at = time.time()
         self._ready = False
         self._tracing = tracing
-
-    @property
-    def traced(self) -> bool:
-        """Tracing is on: transports pass the W3C trace context headers they received to ``call``."""
-        return self._tracing is not None
+        # tracing is on: transports pass the W3C trace context headers they received to ``call``
+        self.traced = tracing is not None
 
     def set_ready(self, ready: bool) -> None:
         """Called by the server once every model is loaded and warmed up (and False on shutdown)."""
@@ -493,7 +490,7 @@ class InferenceService:
     def record(self, outcome: Outcome) -> None:
         """Count a finished request and log it; requests for unknown models are counted as one model."""
         total_s = time.perf_counter() - outcome.started
-        status = status_label(outcome.error)
+        status = "success" if outcome.error is None else status_label(outcome.error)
         metrics = outcome.metrics
         if metrics is None:  # it failed before reaching a model version
             name, version = outcome.model, outcome.version
@@ -660,13 +657,15 @@ class InferenceCall:
             outcome.trace.steps,
             outcome.trace.span,
         )
+        parameters = request.parameters
+        if parameters:
+            priority = parse_priority(parameters, entry.config.default_priority_level)
+            timeout_s = _earliest(parse_timeout_s(parameters), deadline_s)
+            stream = parse_stream(parameters)
+        else:  # most requests set none of them
+            priority, timeout_s, stream = entry.config.default_priority_level, deadline_s, None
         answer = serving.batcher.submit(
-            work,
-            checked.group,
-            priority=parse_priority(request.parameters, entry.config.default_priority_level),
-            timeout_s=_earliest(parse_timeout_s(request.parameters), deadline_s),
-            trace=outcome.trace,
-            stream=parse_stream(request.parameters),
+            work, checked.group, priority=priority, timeout_s=timeout_s, trace=outcome.trace, stream=stream
         )
         if service.shadows.active:
             service.shadows.mirror(outcome.model, entry, request, answer)

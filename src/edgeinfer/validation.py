@@ -17,7 +17,7 @@ from edgeinfer.protocol.datatypes import v2_datatype
 from edgeinfer.protocol.types import InferRequest, TensorSpec
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Checked:
     """What the batcher needs to know about a valid request."""
 

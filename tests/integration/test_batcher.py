@@ -245,12 +245,15 @@ def test_a_request_that_starts_alone_is_counted_once_inline_in_a_thread_or_cance
         batcher = make(backend, policy=BatchPolicy(max_batch_size=8), inline_max_s=1.0)
         stats = batcher.recorder.stats
         first = submit(batcher, 1.0)  # nothing measured yet: a worker thread
-        assert not first.done() and batcher.outstanding == 1 and batcher.queue_length == 0
+        assert not first.done()
+        assert batcher.outstanding == 1
+        assert batcher.queue_length == 0
         await first
         await asyncio.sleep(0)  # the count comes with the future's callbacks
         assert (batcher.outstanding, stats.success.count) == (0, 1)
         second = submit(batcher, 2.0)  # inline: done, counted, idle, all before submit returned
-        assert second.done() and (batcher.outstanding, stats.success.count, stats.queue.count) == (0, 2, 2)
+        assert second.done()
+        assert (batcher.outstanding, stats.success.count, stats.queue.count) == (0, 2, 2)
         await batcher.drain()  # returns at once: nothing is in flight
 
         held = FakeBackend(hold=True)

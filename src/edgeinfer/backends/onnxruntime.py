@@ -106,6 +106,7 @@ class OnnxRuntimeBackend:
             raise ModelLoadError(f"{path}: the model has no tensor outputs to serve")
         self.outputs = tuple(outputs)
         self._string_inputs = {spec.name for spec in self.inputs if spec.datatype == "BYTES"}
+        self._string_outputs = any(spec.datatype == "BYTES" for spec in self.outputs)
         self._run = _session_run(self._session)
         self._all_outputs = [spec.name for spec in self.outputs]
 
@@ -133,6 +134,8 @@ class OnnxRuntimeBackend:
             results = self._run(names, feed, None)
         except Exception as exc:  # ONNX Runtime's failures are all runtime failures of this model
             raise InferenceFailed(f"ONNX Runtime failed: {exc}") from None
+        if not self._string_outputs:
+            return dict(zip(names, results, strict=True))
         return {name: _str_to_bytes(array) for name, array in zip(names, results, strict=True)}
 
     def inspect(self) -> dict[str, Any]:

@@ -152,7 +152,12 @@ class Batcher:
                 f"(max_queue_size); retry later"
             )
         now = time.monotonic()
-        self._arrived(now)
+        gap = now - self.last_submit  # the mean gap between arrivals (a gap over a second: start afresh)
+        self.last_submit = now
+        if self._gap_s is None or gap > 1.0:
+            self._gap_s = gap if gap <= 1.0 else None
+        else:
+            self._gap_s = self._gap_s * ARRIVAL_MEMORY + gap * (1 - ARRIVAL_MEMORY)
         lag = self._lag
         if lag is not None:
             lag.used(now)
@@ -201,16 +206,15 @@ class Batcher:
         here and now, not in a callback one loop iteration later (the light-load path: every object and
         callback it skips is latency at concurrency 1)."""
         future: asyncio.Future[Tensors] = self._loop.create_future()
-        self._idle.clear()
         self._outstanding += 1
         self.recorder.started(0.0)
         if trace is not None:
             trace.queue_s, trace.batch_rows = 0.0, work.rows
         self._run([_Job(work, future, trace)], work.rows, now)
-        if future.done():
+        if future.done():  # queue and runner are as they were: so is ``_idle``
             self._answered(None, now, future)
-            self._update_idle()
         else:
+            self._idle.clear()
             future.add_done_callback(partial(self._answered, None, now))
         return future
 
@@ -229,15 +233,6 @@ class Batcher:
                         f"{stream!r}; it was not run"
                     )
                 )
-
-    def _arrived(self, now: float) -> None:
-        """Follow the mean gap between arrivals; a gap longer than a second starts the mean afresh."""
-        gap = now - self.last_submit
-        self.last_submit = now
-        if self._gap_s is None or gap > 1.0:
-            self._gap_s = gap if gap <= 1.0 else None
-        else:
-            self._gap_s = self._gap_s * ARRIVAL_MEMORY + gap * (1 - ARRIVAL_MEMORY)
 
     def measured(self) -> Measured | None:
         """What the adaptive policy decides from; None before the runner has run a batch."""
@@ -454,7 +449,7 @@ class Batcher:
         """Hand the batch to the runner; it is answered now if it ran inline, else when it finishes."""
         self._running += 1
         self._running_rows += rows
-        done = self.runner.run([job.work for job in jobs])
+        done = self.runner.run([jobs[0].work] if len(jobs) == 1 else [job.work for job in jobs])
         if done.done():  # ran inline: answer now; the caller's scheduling loop goes on
             self._complete(jobs, rows, now, done)
         else:

@@ -42,10 +42,16 @@ class ModelStatistics:
     def record_batch(self, rows: int, requests: int, times: BatchTimes) -> None:
         self.execution_count += 1
         self.inference_count += rows
-        self.compute_input.add(times.input_ns, requests)
-        self.compute_infer.add(times.infer_ns, requests)
-        self.compute_output.add(times.output_ns, requests)
-        total = self.by_batch_size.setdefault(rows, BatchTimes())
+        for duration, ns in (
+            (self.compute_input, times.input_ns),
+            (self.compute_infer, times.infer_ns),
+            (self.compute_output, times.output_ns),
+        ):
+            duration.count += requests
+            duration.ns += ns
+        total = self.by_batch_size.get(rows)
+        if total is None:
+            total = self.by_batch_size[rows] = BatchTimes()
         total.input_ns += times.input_ns
         total.infer_ns += times.infer_ns
         total.output_ns += times.output_ns

@@ -65,6 +65,8 @@ def decode_request(
 def binary_outputs(response: InferResponse, request_parameters: dict[str, Any]) -> set[str]:
     """The outputs to send as raw bytes, from the request's and each output's parameters."""
     default = request_parameters.get("binary_data_output") is True
+    if not default and response.requested is None:
+        return set()  # the common JSON request: nothing asks for binary
     asked = {wanted.name: wanted.parameters for wanted in response.requested or ()}
     chosen = set()
     for name in response.outputs:

@@ -185,7 +185,11 @@ def decode_request_object(
     request_id = document.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput(f"'id' must be a string, not {_json_type(request_id)}")
-    parameters = _parameters(document.get("parameters"), "request 'parameters'")
+    parameters = document.get("parameters")
+    if parameters is None:
+        parameters = {}
+    elif not isinstance(parameters, dict):
+        raise InvalidInput(f"request 'parameters' must be a JSON object, not {_json_type(parameters)}")
 
     raw_inputs = document.get("inputs", [])  # a model may take no inputs (parameters only)
     if not isinstance(raw_inputs, list):
@@ -200,7 +204,8 @@ def decode_request_object(
         if params:
             input_parameters[name] = params
 
-    outputs = _decode_requested_outputs(document.get("outputs"))
+    raw_outputs = document.get("outputs")
+    outputs = None if raw_outputs is None else _decode_requested_outputs(raw_outputs)
     return InferRequest(
         inputs=inputs,
         id=request_id,

@@ -82,7 +82,8 @@ class Router:
         if version is None:
             if entry.config.fallback is not None:
                 return None
-            self._forget_ladder(name)
+            if self._ladders:
+                self._forget_ladder(name)
         return entry
 
     def _forget_ladder(self, name: str) -> None:

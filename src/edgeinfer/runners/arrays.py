@@ -42,7 +42,8 @@ def concatenating(name: str, infer: Infer, batching: bool) -> Execute:
                 computing = time.perf_counter_ns()
                 outputs = infer(inputs, output_names)
         computed = time.perf_counter_ns()
-        results = _split(name, outputs, [work.rows for work in batch], batching)
+        rows = [batch[0].rows] if len(batch) == 1 else [work.rows for work in batch]
+        results = _split(name, outputs, rows, batching)
         times.input_ns = prepared - started
         times.infer_ns = max(1, computed - computing)
         times.output_ns = time.perf_counter_ns() - computed

@@ -18,23 +18,27 @@ class CostModel:
     """Asked on every batch (``estimate_s``) and told after every batch (``observe``), so the fit is
     updated when told and the estimate is one multiply-add."""
 
-    __slots__ = ("_by_rows", "_intercept", "_memory", "_slope", "_sums", "observed")
+    __slots__ = ("_by_rows", "_memory", "_sums", "observed", "per_batch_s", "per_row_s")
 
     def __init__(self, memory: float = 0.9) -> None:
         self._memory = memory
         self._by_rows: dict[int, float] = {}  # rows -> moving average of seconds, least recent first
         self._sums = [0.0, 0.0, 0.0, 0.0]  # over the table: x, y, x*x, x*y (kept, not recomputed)
-        self._slope = self._intercept = 0.0
+        # the fitted line, read (not written) by the batcher: the fixed cost of one call whatever its
+        # rows (what merging requests saves), and the cost of each row
+        self.per_row_s = self.per_batch_s = 0.0
         self.observed = 0
 
     def observe(self, rows: int, seconds: float) -> None:
-        by_rows = self._by_rows
+        by_rows, sums = self._by_rows, self._sums
         previous = by_rows.pop(rows, None)  # re-inserted last: the dict is ordered by recency
-        if previous is not None:
-            self._account(rows, previous, -1.0)
+        if previous is None:
+            self._account(rows, seconds, 1.0)
+        else:  # the size's average moves: only the sums over seconds change (on every batch: inline)
             seconds = previous * self._memory + seconds * (1 - self._memory)
+            sums[1] += seconds - previous
+            sums[3] += rows * (seconds - previous)
         by_rows[rows] = seconds
-        self._account(rows, seconds, 1.0)
         if len(by_rows) > SIZES_KEPT:
             oldest = next(iter(by_rows))
             self._account(oldest, by_rows.pop(oldest), -1.0)
@@ -53,19 +57,19 @@ class CostModel:
         sum_x, sum_y, sum_xx, sum_xy = self._sums
         mean_x, mean_y = sum_x / count, sum_y / count
         if count == 1:
-            self._slope, self._intercept = (mean_y / mean_x, 0.0) if mean_x > 0 else (0.0, mean_y)
+            self.per_row_s, self.per_batch_s = (mean_y / mean_x, 0.0) if mean_x > 0 else (0.0, mean_y)
             return
         variance = sum_xx / count - mean_x * mean_x
         slope = (sum_xy / count - mean_x * mean_y) / variance if variance > 0 else 0.0
-        self._slope = slope = slope if slope > 0.0 else 0.0
+        self.per_row_s = slope = slope if slope > 0.0 else 0.0
         intercept = mean_y - slope * mean_x
-        self._intercept = intercept if intercept > 0.0 else 0.0
+        self.per_batch_s = intercept if intercept > 0.0 else 0.0
 
     def estimate_s(self, rows: int) -> float | None:
         """Predicted seconds for a batch of ``rows``; None before the first batch."""
         if not self.observed:
             return None
-        return self._slope * rows + self._intercept
+        return self.per_row_s * rows + self.per_batch_s
 
     def recent_s(self, rows: int) -> float | None:
         """The moving average of batches of exactly ``rows``, None if none was seen (or it was dropped).
@@ -75,12 +79,3 @@ class CostModel:
         load its value at 1 row can stay far above what batches of one take now, and a decision made
         on it would never be revisited."""
         return self._by_rows.get(rows)
-
-    @property
-    def per_row_s(self) -> float:
-        return self._slope
-
-    @property
-    def per_batch_s(self) -> float:
-        """The fixed cost of one call, whatever its rows: what merging requests saves."""
-        return self._intercept

@@ -353,7 +353,8 @@ class V2Routes:
         except Exception as error:
             call.fail(error)
             return _with_id(response_for_error(error), call.outcome.request_id)
-        encoding = http_compression.choose_encoding(request.headers.get(b"accept-encoding"))
+        accepted = headers.get(b"accept-encoding")
+        encoding = http_compression.choose_encoding(accepted) if accepted else None
         if outputs.done():  # a fast model ran inline: answer without another loop iteration
             return self._reply(call, decoded, encoding)
         answer: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
@@ -370,9 +371,10 @@ class V2Routes:
         return answer
 
     def _decode(self, request: HttpRequest) -> InferRequest:
-        decoded = http_binary.decode_request(
-            self._body(request), _header_length(request), self.max_json_depth
-        )
+        headers = request.headers  # most requests have neither header: no call to look for them
+        body = self._body(request) if b"content-encoding" in headers else request.body
+        header_length = _header_length(request) if b"inference-header-content-length" in headers else None
+        decoded = http_binary.decode_request(body, header_length, self.max_json_depth)
         request.body = b""  # a queued request holds only its tensors, not the body too
         routing_key = request.headers.get(b"x-routing-key")
         if routing_key is not None:  # a route keeps one key on one variant (the body's wins)

@@ -198,7 +198,9 @@ class HttpConnection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._count_header_bytes(len(url))
+        self._header_bytes += len(url)
+        if self._header_bytes > self._max_header_bytes:
+            self._headers_over()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.lower()] = value
@@ -313,11 +315,6 @@ class HttpConnection(asyncio.Protocol):
             f"request body of {size} bytes is larger than the limit of "
             f"{self._state.limits.max_body_bytes} bytes (server.max_request_size_mb)"
         )
-
-    def _count_header_bytes(self, size: int) -> None:
-        self._header_bytes += size
-        if self._header_bytes > self._max_header_bytes:
-            self._headers_over()
 
     def _headers_over(self) -> None:
         if self._header_bytes > self._max_header_bytes:
