@@ -107,6 +107,7 @@ def parse_override(text: Any) -> dict[str, Any] | None:
     return value
 
 
+_RECENT_ERROR_FIELDS = ("time", "request_id", "protocol", "model", "version", "status", "message")
 _READY = ModelState.READY  # Python 3.11 looks enum members up slowly: the request path uses a name
 _REQUEST_PREFIX = os.urandom(4).hex()
 _request_numbers = itertools.count(1)
@@ -166,7 +167,10 @@ class InferenceService:
         self.access_log = access_log
         self._discover = discover
         self._cluster = cluster
-        self._recent_errors: deque[dict[str, Any]] = deque(maxlen=RECENT_ERRORS)  # for /v2/ui/state
+        # for /v2/ui/state: (time, request id, protocol, model, version, status, message), made into
+        # mappings when read (under overload thousands of refusals a second pass here); the message,
+        # not the error: an error's traceback would keep the request's frames alive in a cycle
+        self._recent_errors: deque[tuple[float, str, str, str, str, str, str]] = deque(maxlen=RECENT_ERRORS)
         self._overview_window = Window()
         self._started_at = time.time()
         self._ready = False
@@ -469,14 +473,14 @@ class InferenceService:
                 f"model {name!r} is still loading after {timeout_s:.3f} s, the request's timeout"
             ) from None
 
-    def shed_unread(self, name: str, version: str | None) -> ModelVersion | None:
+    def shed_unread(self, outcome: Outcome) -> ModelVersion | None:
         """Raise ServerBusy, before the body is decoded, for a request that would miss its model's SLO
         even at its most favourable (``Batcher.refuse_unread``: the queue ahead, the event loop's lag).
         Returns the version the request goes to when its body cannot change that (``Router.settled``),
         so that it is picked once; a request a route or a fallback may send elsewhere is judged on the
         lag alone here, and on its queue after decoding. Other errors (an unknown model) are left for
         after decoding, as without load."""
-        router = self.router
+        router, name, version = self.router, outcome.model, outcome.version
         try:
             entry = judged = router.settled(name, version)
             if entry is None and self.registry.loop_lag_s:
@@ -484,6 +488,7 @@ class InferenceService:
         except EdgeInferError:
             return None
         if judged is not None and judged.serving is not None:
+            outcome.metrics = judged.recorder.metrics  # counted under it if refused here or undecodable
             judged.serving.batcher.refuse_unread(queue_known=entry is not None)
         return entry
 
@@ -512,16 +517,17 @@ class InferenceService:
         if self._tracing is not None:
             self._tracing.end(outcome, metrics.name, metrics.version, status)
         if status != "success":
+            message = describe_error(outcome.error) if outcome.error is not None else ""
             self._recent_errors.append(
-                {
-                    "time": time.time(),
-                    "request_id": outcome.request_id,
-                    "model": metrics.name,
-                    "version": metrics.version,
-                    "protocol": outcome.protocol,
-                    "status": status,
-                    "message": describe_error(outcome.error) if outcome.error is not None else "",
-                }
+                (
+                    time.time(),
+                    outcome.request_id,
+                    outcome.protocol,
+                    metrics.name,
+                    metrics.version,
+                    status,
+                    message,
+                )
             )
 
     def local_overview(self) -> dict[str, Any]:
@@ -529,7 +535,7 @@ class InferenceService:
         return {
             "metrics": self.local_metrics(),
             "process": process_stats(),
-            "errors": list(self._recent_errors),
+            "errors": [dict(zip(_RECENT_ERROR_FIELDS, error, strict=True)) for error in self._recent_errors],
             "workers": 1,
             "started_at": self._started_at,
         }
@@ -604,7 +610,7 @@ class InferenceCall:
         (``shed_unread``)."""
         outcome = self.outcome
         try:
-            self._settled = self._service.shed_unread(outcome.model, outcome.version)
+            self._settled = self._service.shed_unread(outcome)
             request = decoder(data)
             check_sizes(request, self._service.limits)
         except BaseException:
