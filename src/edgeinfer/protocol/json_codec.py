@@ -19,13 +19,13 @@ import importlib
 import logging
 import math
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import orjson
 
 from edgeinfer.errors import InvalidInput, LimitExceeded
-from edgeinfer.protocol.datatypes import check_shape, numpy_dtype, v2_datatype
+from edgeinfer.protocol.datatypes import V2_TO_NUMPY, check_shape, numpy_dtype, v2_datatype
 from edgeinfer.protocol.types import InferRequest, InferResponse, Parameters, RequestedOutput
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,13 @@ def decode_request_object(
     inputs: dict[str, np.ndarray] = {}
     input_parameters: dict[str, Parameters] = {}
     for position, raw in enumerate(raw_inputs):
-        name, array, params = _decode_input(raw, position, binary_inputs)
+        name, datatype, shape, params = decode_tensor_header(raw, position)
+        if binary_inputs is not None and name in binary_inputs:
+            array = binary_inputs[name]
+        elif "data" in raw:
+            array = json_to_array(name, datatype, shape, raw["data"])
+        else:
+            raise InvalidInput(f"input {name!r} has no 'data'")
         if name in inputs:
             raise InvalidInput(f"input {name!r} appears more than once")
         inputs[name] = array
@@ -282,10 +288,14 @@ def decode_tensor_header(raw: Any, position: int) -> tuple[str, str, tuple[int, 
     datatype = raw.get("datatype")
     if not isinstance(datatype, str):
         raise InvalidInput(f"input {name!r} needs a 'datatype' string (e.g. \"FP32\")")
-    numpy_dtype(datatype)  # raises a clear error for unknown names
+    if datatype not in V2_TO_NUMPY:
+        numpy_dtype(datatype)  # raises a clear error for unknown names
     shape = raw.get("shape")
-    if not isinstance(shape, list) or not _dimensions(shape):
-        raise InvalidInput(f"input {name!r}: 'shape' must be a list of non-negative integers, got {shape!r}")
+    if not isinstance(shape, list):
+        _bad_shape(name, shape)
+    for dim in shape:  # every dimension a non-negative integer (JSON's ``true`` is not: its type is bool)
+        if type(dim) is not int or dim < 0:
+            _bad_shape(name, shape)
     dims = tuple(shape)
     check_shape(name, dims)
     parameters = raw.get("parameters")
@@ -298,12 +308,8 @@ def decode_tensor_header(raw: Any, position: int) -> tuple[str, str, tuple[int, 
     return name, datatype, dims, parameters
 
 
-def _dimensions(shape: list[Any]) -> bool:
-    """Every dimension is a non-negative integer (JSON's ``true`` is not one: its type is bool)."""
-    for dim in shape:  # noqa: SIM110 (a loop beats all() over a generator on a shape's few items)
-        if type(dim) is not int or dim < 0:
-            return False
-    return True
+def _bad_shape(name: str, shape: Any) -> NoReturn:
+    raise InvalidInput(f"input {name!r}: 'shape' must be a list of non-negative integers, got {shape!r}")
 
 
 def _ignore_fields(names: set[str], where: str) -> None:
@@ -313,17 +319,6 @@ def _ignore_fields(names: set[str], where: str) -> None:
     if new and len(_ignored_seen) < _IGNORED_SEEN_MAX:
         _ignored_seen.update(new)
         log.debug("ignoring field(s) the protocol does not define in an %s: %s", where, sorted(new))
-
-
-def _decode_input(
-    raw: Any, position: int, binary_inputs: dict[str, np.ndarray] | None
-) -> tuple[str, np.ndarray, Parameters]:
-    name, datatype, shape, parameters = decode_tensor_header(raw, position)
-    if binary_inputs is not None and name in binary_inputs:
-        return name, binary_inputs[name], parameters
-    if "data" not in raw:
-        raise InvalidInput(f"input {name!r} has no 'data'")
-    return name, json_to_array(name, datatype, shape, raw["data"]), parameters
 
 
 def json_to_array(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
