@@ -271,6 +271,28 @@ def test_a_request_that_starts_alone_is_counted_once_inline_in_a_thread_or_cance
     assert (stats.success.count, stats.fail.count, stats.execution_count) == (0, 1, 1)
 
 
+def test_requests_read_in_the_iteration_of_one_that_ran_alone_merge_after_it():
+    """Under load the loop reads many requests per iteration: the first runs alone inline, the others
+    queue and run as one batch once the iteration is over (not each alone: `tiny` at concurrency 64
+    lost a third of its throughput that way)."""
+
+    async def main():
+        backend = FakeBackend()
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=8), inline_max_s=1.0)
+        await submit(batcher, 0.0)  # measured: from now on batches run inline
+        await asyncio.sleep(0)
+        first, *others = [submit(batcher, float(i)) for i in range(1, 4)]
+        assert first.done() and not any(other.done() for other in others)
+        await asyncio.gather(*others)
+        await asyncio.sleep(0)
+        alone = submit(batcher, 9.0)  # a later iteration: alone again
+        assert alone.done()
+        return backend
+
+    backend = asyncio.run(main())
+    assert [len(batch) for batch in backend.batches] == [1, 1, 2, 1]
+
+
 def test_an_async_runner_keeps_to_its_concurrency_with_prefetch():
     """max_concurrent_batches 1 and prefetch_batches 2: three batches handed over, one predict at a time."""
     inside = 0
