@@ -282,7 +282,8 @@ def test_requests_read_in_the_iteration_of_one_that_ran_alone_merge_after_it():
         await submit(batcher, 0.0)  # measured: from now on batches run inline
         await asyncio.sleep(0)
         first, *others = [submit(batcher, float(i)) for i in range(1, 4)]
-        assert first.done() and not any(other.done() for other in others)
+        assert first.done()
+        assert not any(other.done() for other in others)
         await asyncio.gather(*others)
         await asyncio.sleep(0)
         alone = submit(batcher, 9.0)  # a later iteration: alone again
