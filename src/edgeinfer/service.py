@@ -479,7 +479,8 @@ class InferenceService:
         Returns the version the request goes to when its body cannot change that (``Router.settled``),
         so that it is picked once; a request a route or a fallback may send elsewhere is judged on the
         lag alone here, and on its queue after decoding. Other errors (an unknown model) are left for
-        after decoding, as without load."""
+        after decoding, as without load. The version judged here counts the request in ``outcome``
+        until the request reaches its own (a refused or undecodable one stays counted there)."""
         router, name, version = self.router, outcome.model, outcome.version
         try:
             entry = judged = router.settled(name, version)

@@ -162,11 +162,7 @@ class Batcher:
         lag = self._lag
         if lag is not None:
             lag.used(now)
-        queue_timeout_s = self.limits.queue_timeout_s
-        if timeout_s is not None or queue_timeout_s is not None:
-            deadline: float | None = _deadline(now, timeout_s, queue_timeout_s)
-        else:
-            deadline = None
+        deadline = _deadline(now, timeout_s, self.limits.queue_timeout_s)
         due = now + self.limits.slo_s if self.limits.slo_s is not None else None
         if (deadline is not None or due is not None) and (
             self._pending or self._running or (lag is not None and lag.lag_s)
@@ -520,6 +516,8 @@ class Batcher:
             self._idle.set()
 
 
-def _deadline(now: float, *timeouts_s: float | None) -> float | None:
-    given = [timeout for timeout in timeouts_s if timeout is not None]
-    return now + min(given) if given else None
+def _deadline(now: float, timeout_s: float | None, queue_timeout_s: float | None) -> float | None:
+    """The earlier of the request's timeout and the model's queue timeout, from ``now`` (None: neither)."""
+    if timeout_s is None:
+        return None if queue_timeout_s is None else now + queue_timeout_s
+    return now + (timeout_s if queue_timeout_s is None else min(timeout_s, queue_timeout_s))

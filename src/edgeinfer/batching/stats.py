@@ -42,13 +42,9 @@ class ModelStatistics:
     def record_batch(self, rows: int, requests: int, times: BatchTimes) -> None:
         self.execution_count += 1
         self.inference_count += rows
-        for duration, ns in (
-            (self.compute_input, times.input_ns),
-            (self.compute_infer, times.infer_ns),
-            (self.compute_output, times.output_ns),
-        ):
-            duration.count += requests
-            duration.ns += ns
+        self.compute_input.add(times.input_ns, requests)
+        self.compute_infer.add(times.infer_ns, requests)
+        self.compute_output.add(times.output_ns, requests)
         total = self.by_batch_size.get(rows)
         if total is None:
             total = self.by_batch_size[rows] = BatchTimes()

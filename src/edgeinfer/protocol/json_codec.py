@@ -185,11 +185,7 @@ def decode_request_object(
     request_id = document.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput(f"'id' must be a string, not {_json_type(request_id)}")
-    parameters = document.get("parameters")
-    if parameters is None:
-        parameters = {}
-    elif not isinstance(parameters, dict):
-        raise InvalidInput(f"request 'parameters' must be a JSON object, not {_json_type(parameters)}")
+    parameters = _parameters(document.get("parameters"), "request 'parameters'")
 
     raw_inputs = document.get("inputs", [])  # a model may take no inputs (parameters only)
     if not isinstance(raw_inputs, list):
@@ -298,11 +294,8 @@ def decode_tensor_header(raw: Any, position: int) -> tuple[str, str, tuple[int, 
             _bad_shape(name, shape)
     dims = tuple(shape)
     check_shape(name, dims)
-    parameters = raw.get("parameters")
-    if parameters is None:
-        parameters = {}
-    elif not isinstance(parameters, dict):
-        raise InvalidInput(f"input {name!r} 'parameters' must be a JSON object, not {_json_type(parameters)}")
+    parameters = raw.get("parameters")  # (the message is built only for parameters that are there)
+    parameters = {} if parameters is None else _parameters(parameters, f"input {name!r} 'parameters'")
     if not _TENSOR_FIELDS.issuperset(raw):
         _ignore_fields(raw.keys() - _TENSOR_FIELDS, "input tensor")
     return name, datatype, dims, parameters
@@ -357,11 +350,6 @@ _KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "fraction
 def _numbers(data: list[Any], dtype: np.dtype, datatype: str) -> np.ndarray:
     values = np.array(data)  # numpy reads the kind of the values (and the nesting) in C
     found = values.dtype.kind
-    if found == "f" and dtype.kind == "f":  # fractional numbers for a float tensor: the common case
-        if values.dtype == dtype:
-            return values
-        with np.errstate(over="ignore"):  # beyond the type's range is inf, as in a cast anywhere
-            return values.astype(dtype)
     if found in "fO" and dtype.kind == "u" and dtype.itemsize == 8:
         values = _uint64(data)  # integers beyond int64 next to small ones: numpy guessed float64
         found = values.dtype.kind

@@ -82,8 +82,7 @@ class Router:
         if version is None:
             if entry.config.fallback is not None:
                 return None
-            if self._ladders:
-                self._forget_ladder(name)
+            self._forget_ladder(name)
         return entry
 
     def _forget_ladder(self, name: str) -> None:

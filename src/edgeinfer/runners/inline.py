@@ -61,7 +61,7 @@ class InlineChoice:
     def goes_inline(self, rows: int, thread_estimate_s: float | None) -> bool:
         """Ask before a batch of ``rows`` (with nothing else of the runner in a thread).
         ``thread_estimate_s``: what the cost model predicts for it (None: nothing known)."""
-        limit = self._fixed_s if self._fixed_s is not None else self._hop_s  # limit_s, asked every batch
+        limit = self.limit_s
         if not limit:
             return False
         estimate = self._inline_s.get(rows, thread_estimate_s)
