@@ -36,6 +36,7 @@ from edgeinfer.errors import (
     ModelNotFound,
     ModelNotReady,
     RequestTimeout,
+    ServerBusy,
 )
 from edgeinfer.errors import describe as describe_error
 from edgeinfer.logs import AccessLog
@@ -473,25 +474,27 @@ class InferenceService:
                 f"model {name!r} is still loading after {timeout_s:.3f} s, the request's timeout"
             ) from None
 
-    def shed_unread(self, outcome: Outcome) -> ModelVersion | None:
-        """Raise ServerBusy, before the body is decoded, for a request that would miss its model's SLO
-        even at its most favourable (``Batcher.refuse_unread``: the queue ahead, the event loop's lag).
-        Returns the version the request goes to when its body cannot change that (``Router.settled``),
-        so that it is picked once; a request a route or a fallback may send elsewhere is judged on the
-        lag alone here, and on its queue after decoding. Other errors (an unknown model) are left for
-        after decoding, as without load. The version judged here counts the request in ``outcome``
-        until the request reaches its own (a refused or undecodable one stays counted there)."""
+    def shed_unread(self, outcome: Outcome) -> tuple[ModelVersion | None, ServerBusy | None]:
+        """Judge a request before its body is decoded: the refusal (counted by the batcher) of one
+        that would miss its model's SLO even at its most favourable (``Batcher.refuse_unread``: the
+        queue ahead, how long it waited unread), or None. And the version the request goes to when its
+        body cannot change that (``Router.settled``), so that it is picked once; a request a route or a
+        fallback may send elsewhere is judged only while the loop lags, on its wait alone, and on its
+        queue after decoding.
+        Other errors (an unknown model) are left for after decoding, as without load. The version
+        judged here counts the request in ``outcome`` until the request reaches its own (a refused or
+        undecodable one stays counted there)."""
         router, name, version = self.router, outcome.model, outcome.version
         try:
             entry = judged = router.settled(name, version)
             if entry is None and self.registry.loop_lag_s:
                 judged = router.pick(name, version)
         except EdgeInferError:
-            return None
-        if judged is not None and judged.serving is not None:
-            outcome.metrics = judged.recorder.metrics  # counted under it if refused here or undecodable
-            judged.serving.batcher.refuse_unread(queue_known=entry is not None)
-        return entry
+            return None, None
+        if judged is None or judged.serving is None:
+            return entry, None
+        outcome.metrics = judged.recorder.metrics  # counted under it if refused here or undecodable
+        return entry, judged.serving.batcher.refuse_unread(queue_known=entry is not None)
 
     def record(self, outcome: Outcome) -> None:
         """Count a finished request and log it; requests for unknown models are counted as one model."""
@@ -579,6 +582,7 @@ class InferenceCall:
     """
 
     __slots__ = (
+        "_judged",
         "_model",
         "_output_parameters",
         "_outputs",
@@ -599,19 +603,34 @@ class InferenceCall:
         self._version = ""
         self._output_parameters: dict[str, dict[str, Any]] = {}
         self._recorded = False
+        self._judged = False  # ``shed`` ran
         self._settled: ModelVersion | None = None  # picked before decoding (the body cannot change it)
 
     @property
     def request_id(self) -> str:
         return self.outcome.request_id
 
+    def shed(self) -> ServerBusy | None:
+        """Judge the request before its body is read (``InferenceService.shed_unread``): its refusal,
+        already recorded, or None. A transport may call it first and answer a refusal without decoding
+        anything (under overload every microsecond a refusal costs is taken from the requests the
+        loop can answer); ``decode`` calls it otherwise."""
+        self._judged = True
+        outcome = self.outcome
+        self._settled, refusal = self._service.shed_unread(outcome)
+        if refusal is not None:
+            outcome.decode_s = time.perf_counter() - outcome.started
+            self._record(refusal)
+        return refusal
+
     def decode(self, decoder: Callable[[A], InferRequest], data: A) -> InferRequest:
         """``decoder(data)``, timed. The request id: the transport's, else the body's, else a new one.
         A request that would miss its model's SLO whatever its body says is refused before decoding
-        (``shed_unread``)."""
+        (``shed``)."""
         outcome = self.outcome
+        if not self._judged and (refusal := self.shed()) is not None:
+            raise refusal
         try:
-            self._settled = self._service.shed_unread(outcome)
             request = decoder(data)
             check_sizes(request, self._service.limits)
         except BaseException:

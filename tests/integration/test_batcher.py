@@ -5,6 +5,7 @@ calls until released), not by sleeping."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import numpy as np
@@ -360,20 +361,21 @@ def test_a_request_is_refused_unread_only_when_no_body_could_make_it_in_time():
         backend = FakeBackend(hold=True)
         adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
         batcher = _seeded(backend, adaptive, QueueLimits(slo_s=0.035))
-        batcher.refuse_unread()  # nothing running or queued: nothing to judge
+        assert batcher.refuse_unread() is None  # nothing running or queued: nothing to judge
         running = submit(batcher, 1.0, 2)  # 20 ms
         await entered(backend, 1)
-        batcher.refuse_unread()  # 20 ms running + 10 ms: within 35 ms
+        assert batcher.refuse_unread() is None  # 20 ms running + 10 ms: within 35 ms
         low = submit(batcher, 2.0, priority=5)  # 10 ms more, but a priority-1 request goes first
-        batcher.refuse_unread()
+        assert batcher.refuse_unread() is None
         high = submit(batcher, 3.0, priority=1)
-        batcher.refuse_unread(queue_known=False)  # a route may send it to another queue: lag only
-        with pytest.raises(
-            ServerBusy,
-            match=r"would finish in 40\.0 ms \(queue ahead 30\.0 ms\) against an SLO of 35 ms; "
+        assert batcher.refuse_unread(queue_known=False) is None  # a route may send it elsewhere: wait only
+        refusal = batcher.refuse_unread()  # 20 ms running + 10 ms at priority 1 + 10 ms
+        assert refusal is not None
+        assert re.search(
+            r"would finish in 40\.0 ms \(queue ahead 30\.0 ms\) against an SLO of 35 ms; "
             r"it was refused before its body was read",
-        ):
-            batcher.refuse_unread()  # 20 ms running + 10 ms at priority 1 + 10 ms
+            refusal.message,
+        )
         backend.release()
         await asyncio.gather(running, low, high)
         return batcher
@@ -383,30 +385,33 @@ def test_a_request_is_refused_unread_only_when_no_body_could_make_it_in_time():
     assert batcher.recorder.stats.fail.count == 1
 
 
-def test_before_decoding_the_lag_and_the_queue_are_judged_each_alone():
-    """20 ms of lag and a 20 ms batch running, 10 ms per request, SLO 35 ms: neither alone refuses a
-    request unread (the lag trails the loop: refusing on the sum swept through requests that had not
-    waited); after decoding, admission adds them up and refuses it."""
+def test_before_decoding_the_wait_and_the_queue_are_judged_each_alone():
+    """3 ms of lag and a 20 ms batch running, 10 ms per request, SLO 32 ms: neither alone refuses a
+    request unread (the wait is held to a tenth of the SLO, 3.2 ms; the queue and one row take 30
+    ms); after decoding, admission adds them up and refuses it. At 3.3 ms of lag the wait alone
+    refuses it unread."""
     from edgeinfer.batching.lag import LoopLag
 
     async def main():
         backend = FakeBackend(hold=True)
         lag = LoopLag()
         adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
-        batcher = _seeded(backend, adaptive, QueueLimits(slo_s=0.035), lag)
+        batcher = _seeded(backend, adaptive, QueueLimits(slo_s=0.032), lag)
         running = submit(batcher, 1.0, 2)
         await entered(backend, 1)
-        lag.lag_s = 0.020
-        batcher.refuse_unread()
-        with pytest.raises(ServerBusy, match=r"server busy 20\.0 ms\) against an SLO of 35 ms"):
+        await asyncio.sleep(0)  # a new loop iteration: no time spent in this one yet
+        lag.lag_s = 0.003
+        assert batcher.refuse_unread() is None
+        with pytest.raises(ServerBusy, match=r"server busy 3\.0 ms\) against an SLO of 32 ms"):
             submit(batcher, 2.0)
-        lag.lag_s = 0.030
-        with pytest.raises(
-            ServerBusy,
-            match=r"the server is 30\.0 ms behind, against an SLO of 35 ms; it "
-            r"was refused before its body was read",
-        ):
-            batcher.refuse_unread()
+        await asyncio.sleep(0)
+        lag.lag_s = 0.0033
+        refusal = batcher.refuse_unread()
+        assert refusal is not None
+        assert re.search(
+            r"the server is 3\.3 ms behind, against an SLO of 32 ms; it was refused before its body was read",
+            refusal.message,
+        )
         lag.stop()
         backend.release()
         await running
@@ -414,6 +419,31 @@ def test_before_decoding_the_lag_and_the_queue_are_judged_each_alone():
 
     batcher = asyncio.run(main())
     assert batcher.recorder.metrics.refused == {"slo": 2}
+
+
+def test_the_requests_read_after_a_refused_one_in_the_same_iteration_share_its_refusal():
+    """Within one loop iteration the wait only grows: once a request was refused for it, the rest of
+    the iteration's are refused with the same error (each counted) without judging again; the next
+    iteration judges afresh."""
+    from edgeinfer.batching.lag import LoopLag
+
+    async def main():
+        lag = LoopLag()
+        adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
+        batcher = _seeded(FakeBackend(), adaptive, QueueLimits(slo_s=0.032), lag)
+        await asyncio.sleep(0)
+        lag.lag_s = 0.004
+        first = batcher.refuse_unread()
+        assert first is not None
+        lag.lag_s = 0.0  # the same iteration: what it refused stays refused
+        assert [batcher.refuse_unread() for _ in range(3)] == [first] * 3
+        await asyncio.sleep(0)  # the next iteration
+        assert batcher.refuse_unread() is None
+        lag.stop()
+        return batcher
+
+    batcher = asyncio.run(main())
+    assert batcher.recorder.metrics.refused == {"slo": 4}
 
 
 def test_higher_priority_is_admitted_where_lower_priority_is_refused():

@@ -32,3 +32,25 @@ def test_one_late_tick_is_forgotten_after_a_bounded_number_of_on_time_ticks():
         lag = next_lag(lag, 0.0)
         ticks += 1
     assert 10 < ticks <= 30
+
+
+def test_the_wait_of_a_request_is_the_lag_plus_its_iteration_so_far():
+    """The first request an iteration reads starts its turn (it waited the lag); one read 2 ms later
+    in the same iteration waited 2 ms more; the next iteration starts a new turn."""
+    import asyncio
+
+    from edgeinfer.batching.lag import LoopLag
+
+    async def main() -> list[float | int]:
+        lag = LoopLag()
+        lag.lag_s = 0.001
+        first = lag.waited_s(100.0)
+        later = lag.waited_s(100.002)
+        turns = lag.turns
+        await asyncio.sleep(0)
+        return [first, later, turns, lag.waited_s(100.010), lag.turns]
+
+    first, later, turns, next_first, next_turns = asyncio.run(main())
+    assert (first, later) == (pytest.approx(0.001), pytest.approx(0.003))
+    assert next_first == pytest.approx(0.001)  # a new turn: only the lag
+    assert next_turns == turns + 1

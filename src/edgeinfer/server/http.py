@@ -195,6 +195,7 @@ class V2Routes:
         self.compress_min_bytes = compress_min_bytes
         self.guard = guard
         self.max_json_depth = max_json_depth
+        self._refusal_body: tuple[ServerBusy, HttpResponse] | None = None  # the last refusal's (``_refused``)
 
     def __call__(self, request: HttpRequest) -> HttpResponse | asyncio.Future[HttpResponse]:
         try:
@@ -347,6 +348,9 @@ class V2Routes:
             given_id.decode("latin-1") if given_id else None,
             _trace_headers(headers) if self.service.traced else None,
         )
+        refusal = call.shed()
+        if refusal is not None:
+            return self._refused(refusal, call.outcome.request_id)
         try:
             decoded = call.decode(self._decode, request)
             outputs = call.submit(decoded)
@@ -369,6 +373,16 @@ class V2Routes:
         outputs.add_done_callback(finished)
         answer.add_done_callback(lambda _: outputs.cancel() if answer.cancelled() else None)
         return answer
+
+    def _refused(self, refusal: ServerBusy, request_id: str) -> HttpResponse:
+        """The answer to a request refused before it was read. Under overload most requests get one,
+        and the refusals of one loop iteration share one error (``Batcher.refuse_unread``), so its
+        body is encoded once for all of them."""
+        body = self._refusal_body
+        if body is None or body[0] is not refusal:
+            body = self._refusal_body = (refusal, response_for_error(refusal))
+        shared = body[1]
+        return _with_id(HttpResponse(shared.status, shared.body, list(shared.headers)), request_id)
 
     def _decode(self, request: HttpRequest) -> InferRequest:
         headers = request.headers  # most requests have neither header: no call to look for them
