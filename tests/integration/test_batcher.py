@@ -386,10 +386,9 @@ def test_a_request_is_refused_unread_only_when_no_body_could_make_it_in_time():
 
 
 def test_before_decoding_the_wait_and_the_queue_are_judged_each_alone():
-    """3 ms of lag and a 20 ms batch running, 10 ms per request, SLO 32 ms: neither alone refuses a
-    request unread (the wait is held to a tenth of the SLO, 3.2 ms; the queue and one row take 30
-    ms); after decoding, admission adds them up and refuses it. At 3.3 ms of lag the wait alone
-    refuses it unread."""
+    """21 ms of lag and a 20 ms batch running, 10 ms per request, SLO 32 ms: neither alone refuses a
+    request unread (21 + 10 ms; the queue and one row 30 ms); after decoding, admission adds them up
+    and refuses it. At 23 ms of lag the wait alone refuses it unread."""
     from edgeinfer.batching.lag import LoopLag
 
     async def main():
@@ -400,16 +399,17 @@ def test_before_decoding_the_wait_and_the_queue_are_judged_each_alone():
         running = submit(batcher, 1.0, 2)
         await entered(backend, 1)
         await asyncio.sleep(0)  # a new loop iteration: no time spent in this one yet
-        lag.lag_s = 0.003
+        lag.lag_s, lag.turn_s = 0.021, 0.0  # (the test's own iterations are not load)
         assert batcher.refuse_unread() is None
-        with pytest.raises(ServerBusy, match=r"server busy 3\.0 ms\) against an SLO of 32 ms"):
+        with pytest.raises(ServerBusy, match=r"server busy 21\.0 ms\) against an SLO of 32 ms"):
             submit(batcher, 2.0)
         await asyncio.sleep(0)
-        lag.lag_s = 0.0033
+        lag.lag_s, lag.turn_s = 0.023, 0.0
         refusal = batcher.refuse_unread()
         assert refusal is not None
         assert re.search(
-            r"the server is 3\.3 ms behind, against an SLO of 32 ms; it was refused before its body was read",
+            r"the server is 23\.0 ms behind and 4 loop iterations of 0\.0 ms from an answer, against an "
+            r"SLO of 32 ms; it was refused before its body was read",
             refusal.message,
         )
         lag.stop()
@@ -419,6 +419,31 @@ def test_before_decoding_the_wait_and_the_queue_are_judged_each_alone():
 
     batcher = asyncio.run(main())
     assert batcher.recorder.metrics.refused == {"slo": 2}
+
+
+def test_the_iterations_still_ahead_of_a_request_count_against_its_slo():
+    """10 ms per request, SLO 32 ms, no lag: recent iterations of 5 ms (four of them ahead of a request
+    read now: 20 ms) leave it in time, of 6 ms (24 ms) not."""
+    from edgeinfer.batching.lag import LoopLag
+
+    async def main():
+        lag = LoopLag()
+        adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
+        batcher = _seeded(FakeBackend(), adaptive, QueueLimits(slo_s=0.032), lag)
+        await asyncio.sleep(0)
+        lag.turn_s = 0.005
+        admitted = batcher.refuse_unread()
+        await asyncio.sleep(0)
+        lag.turn_s = 0.006
+        refused = batcher.refuse_unread()
+        lag.stop()
+        return admitted, refused
+
+    admitted, refused = asyncio.run(main())
+    assert admitted is None
+    assert refused is not None
+    assert "4 loop iterations of 6.0 ms from an answer" in refused.message
+    assert refused.retry_after_s == pytest.approx(0.024, abs=0.001)
 
 
 def test_the_requests_read_after_a_refused_one_in_the_same_iteration_share_its_refusal():
@@ -432,12 +457,13 @@ def test_the_requests_read_after_a_refused_one_in_the_same_iteration_share_its_r
         adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
         batcher = _seeded(FakeBackend(), adaptive, QueueLimits(slo_s=0.032), lag)
         await asyncio.sleep(0)
-        lag.lag_s = 0.004
+        lag.lag_s, lag.turn_s = 0.025, 0.0
         first = batcher.refuse_unread()
         assert first is not None
         lag.lag_s = 0.0  # the same iteration: what it refused stays refused
         assert [batcher.refuse_unread() for _ in range(3)] == [first] * 3
         await asyncio.sleep(0)  # the next iteration
+        lag.turn_s = 0.0
         assert batcher.refuse_unread() is None
         lag.stop()
         return batcher

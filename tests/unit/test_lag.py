@@ -54,3 +54,23 @@ def test_the_wait_of_a_request_is_the_lag_plus_its_iteration_so_far():
     assert (first, later) == (pytest.approx(0.001), pytest.approx(0.003))
     assert next_first == pytest.approx(0.001)  # a new turn: only the lag
     assert next_turns == turns + 1
+
+
+def test_a_long_turn_is_remembered_at_once_and_forgotten_gradually():
+    import asyncio
+    import time
+
+    from edgeinfer.batching.lag import LoopLag
+
+    async def main() -> list[float]:
+        lag = LoopLag()
+        lag.waited_s(time.monotonic() - 0.004)  # this iteration's first request was read 4 ms ago
+        await asyncio.sleep(0)
+        after_long = lag.turn_s
+        lag.waited_s(time.monotonic())
+        await asyncio.sleep(0)
+        return [after_long, lag.turn_s]
+
+    after_long, after_short = asyncio.run(main())
+    assert after_long >= 0.004
+    assert 0.8 * after_long <= after_short < after_long  # FALL: a short turn takes a fifth of it away

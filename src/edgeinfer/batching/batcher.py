@@ -75,14 +75,15 @@ class QueueLimits:
 
 
 ARRIVAL_MEMORY = 0.9  # the mean gap between arrivals follows the last ten or so
-# A request may wait this share of its SLO before it is read; one that waited longer is refused unread.
-# Not all of the SLO: a request admitted in a loop iteration is answered some iterations later (the one
-# that batches it, the one that replies, the one that writes), each about as long as this one, and the
-# wait that can be measured is a lower bound (the lag plus this iteration so far, not the part of the
-# previous iteration it arrived in). Measured with `tiny` offered twice its sustainable rate (SLO 9.5
-# ms), refusing past a wait of 1/2, 1/5, 1/10 and 1/19 of the SLO gave admitted p99 of 30, 13, 9.6 and
-# 6.1 ms, refusals p99 13, 5.4, 3.9 and 2.7 ms, for 3,140, 2,980, 2,820 and 2,800 answers a second.
-UNREAD_SHARE = 0.1
+# A request admitted in a loop iteration is answered in the third iteration after it: the next one
+# batches and runs it, the one after delivers its outputs to the transport, the third writes the answer
+# (each step is a callback the loop runs in its next iteration). Under load each iteration takes about
+# as long as recent ones (``LoopLag.turn_s``), so a request read now still has the rest of this one and
+# these three ahead of it: four turns. Measured with `tiny` (SLO 9.5 ms, the benchmark's open-loop
+# steps, 6 s each): counting 3, 4 and 6 turns answered 98.7 %, 92-98 % and 86 % of 4,140 requests/s
+# with p99 9.1, 7.5-8.3 and 6.2 ms; at 9,000/s (twice what it sustains) admitted p99 14.7, 13.1 and
+# 10.8 ms, refusals p99 6.2, 5.1-5.2 and 4.4 ms.
+TURNS_TO_ANSWER = 4
 
 
 class Batcher:
@@ -322,9 +323,10 @@ class Batcher:
         would refuse after decoding (a request has at least one row and no priority above the
         highest): it changes when such a request is refused, not whether.
 
-        The wait is held to ``UNREAD_SHARE`` of the SLO, not to all of it: see there. Once a request
-        of this iteration was refused for its wait, the rest of the iteration's are refused with the
-        same error (they waited longer still), for the cost of counting them.
+        The wait counts with what is still ahead of the request in the loop (``TURNS_TO_ANSWER`` turns
+        as long as recent ones). Once a request of this iteration was refused for it, the rest of the
+        iteration's are refused with the same error (they waited longer still), for the cost of counting
+        them: under overload refusals are most of the loop's work.
 
         Why not the sum of wait and queue here as well: measured with `tiny` offered 4,400 requests/s
         (its sustainable rate), 10 fresh servers each, refusing unread on the sum cut the answered rate
@@ -342,20 +344,22 @@ class Batcher:
             waited_s = lag.waited_s(time.monotonic())
         else:
             waited_s = 0.0
+        turns_s = TURNS_TO_ANSWER * lag.turn_s if lag is not None else 0.0
         queued_behind = queue_known and bool(self._pending or self._running)
-        if not (waited_s > slo_s * UNREAD_SHARE or queued_behind):
+        if not (waited_s or turns_s or queued_behind):
             return None
         measured = self.measured()
         if measured is None:
             return None
         own_s = measured.batch_s(1)
-        if waited_s > slo_s * UNREAD_SHARE and slo_s >= own_s:
+        if waited_s + turns_s + own_s > slo_s >= own_s:
             self.recorder.refused("slo")
             refusal = ServerBusy(
                 f"model {self.name} is over its latency objective: the server is {waited_s * 1000:.1f} "
-                f"ms behind, against an SLO of {slo_s * 1000:.0f} ms; it was refused before its body was "
-                "read; retry later",
-                retry_after_s=waited_s,
+                f"ms behind and {TURNS_TO_ANSWER} loop iterations of {turns_s / TURNS_TO_ANSWER * 1000:.1f} "
+                f"ms from an answer, against an SLO of {slo_s * 1000:.0f} ms; it was refused before its "
+                "body was read; retry later",
+                retry_after_s=waited_s + turns_s,
             )
             if lag is not None:
                 self._refused_turn = (lag.turns, refusal)
