@@ -408,7 +408,7 @@ def test_before_decoding_the_wait_and_the_queue_are_judged_each_alone():
         refusal = batcher.refuse_unread()
         assert refusal is not None
         assert re.search(
-            r"the server is 23\.0 ms behind and 4 loop iterations of 0\.0 ms from an answer, against an "
+            r"the server is 23\.0 ms behind and 3 loop iterations of 0\.0 ms from an answer, against an "
             r"SLO of 32 ms; it was refused before its body was read",
             refusal.message,
         )
@@ -422,8 +422,8 @@ def test_before_decoding_the_wait_and_the_queue_are_judged_each_alone():
 
 
 def test_the_iterations_still_ahead_of_a_request_count_against_its_slo():
-    """10 ms per request, SLO 32 ms, no lag: recent iterations of 5 ms (four of them ahead of a request
-    read now: 20 ms) leave it in time, of 6 ms (24 ms) not."""
+    """10 ms per request, SLO 32 ms, no lag: recent iterations of 7 ms (three of them ahead of a request
+    read now: 21 ms) leave it in time, of 8 ms (24 ms) not."""
     from edgeinfer.batching.lag import LoopLag
 
     async def main():
@@ -431,10 +431,10 @@ def test_the_iterations_still_ahead_of_a_request_count_against_its_slo():
         adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
         batcher = _seeded(FakeBackend(), adaptive, QueueLimits(slo_s=0.032), lag)
         await asyncio.sleep(0)
-        lag.turn_s = 0.005
+        lag.turn_s = 0.007
         admitted = batcher.refuse_unread()
         await asyncio.sleep(0)
-        lag.turn_s = 0.006
+        lag.turn_s = 0.008
         refused = batcher.refuse_unread()
         lag.stop()
         return admitted, refused
@@ -442,7 +442,7 @@ def test_the_iterations_still_ahead_of_a_request_count_against_its_slo():
     admitted, refused = asyncio.run(main())
     assert admitted is None
     assert refused is not None
-    assert "4 loop iterations of 6.0 ms from an answer" in refused.message
+    assert "3 loop iterations of 8.0 ms from an answer" in refused.message
     assert refused.retry_after_s == pytest.approx(0.024, abs=0.001)
 
 

@@ -75,15 +75,17 @@ class QueueLimits:
 
 
 ARRIVAL_MEMORY = 0.9  # the mean gap between arrivals follows the last ten or so
-# A request admitted in a loop iteration is answered in the third iteration after it: the next one
-# batches and runs it, the one after delivers its outputs to the transport, the third writes the answer
-# (each step is a callback the loop runs in its next iteration). Under load each iteration takes about
-# as long as recent ones (``LoopLag.turn_s``), so a request read now still has the rest of this one and
-# these three ahead of it: four turns. Measured with `tiny` (SLO 9.5 ms, the benchmark's open-loop
-# steps, 6 s each): counting 3, 4 and 6 turns answered 98.7 %, 92-98 % and 86 % of 4,140 requests/s
-# with p99 9.1, 7.5-8.3 and 6.2 ms; at 9,000/s (twice what it sustains) admitted p99 14.7, 13.1 and
-# 10.8 ms, refusals p99 6.2, 5.1-5.2 and 4.4 ms.
-TURNS_TO_ANSWER = 4
+# A request admitted in a loop iteration is answered in the second iteration after it: the next one
+# batches and runs it, the one after writes the answer (a batch's outputs reach the transport through a
+# future, and a future's callbacks run in the loop's next iteration). Under load each iteration takes
+# about as long as recent ones (``LoopLag.turn_s``), so a request read now still has the rest of this
+# one and those two ahead of it: three turns. Measured with `tiny` (SLO 9.5 ms, the benchmark's
+# open-loop steps of 6 s, two runs each), when answers took one iteration more (four turns ahead):
+# counting 3, 4 and 6 turns answered 98.7 %, 92-98 % and 86 % of 4,140 requests/s with p99 9.1,
+# 7.5-8.3 and 6.2 ms, and at 9,000/s (twice what it sustains) admitted p99 14.7, 13.1 and 10.8 ms,
+# refusals p99 6.2, 5.1-5.2 and 4.4 ms. With the iteration saved and three turns: 91-93 % of 4,140/s
+# at p99 7.6-7.8 ms, and at 9,000/s admitted p99 10.9-11.0 ms, refusals 6.1 ms.
+TURNS_TO_ANSWER = 3
 
 
 class Batcher:

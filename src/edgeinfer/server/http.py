@@ -60,7 +60,7 @@ from edgeinfer.protocol import http_binary, json_codec
 from edgeinfer.protocol.types import InferRequest, InferResponse
 from edgeinfer.server import http_compression
 from edgeinfer.server.auth import Guard, http_role, presented_key
-from edgeinfer.server.http_protocol import HttpRequest, HttpResponse
+from edgeinfer.server.http_protocol import Answer, Deferred, HttpRequest, HttpResponse
 from edgeinfer.service import InferenceCall, InferenceService, parse_override
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ class V2Routes:
         self.max_json_depth = max_json_depth
         self._refusal_body: tuple[ServerBusy, HttpResponse] | None = None  # the last refusal's (``_refused``)
 
-    def __call__(self, request: HttpRequest) -> HttpResponse | asyncio.Future[HttpResponse]:
+    def __call__(self, request: HttpRequest) -> Answer:
         try:
             if self.guard.enabled:
                 check_key(self.guard, request)
@@ -205,7 +205,7 @@ class V2Routes:
         except Exception as error:
             return response_for_error(error)
 
-    def _route(self, request: HttpRequest) -> HttpResponse | asyncio.Future[HttpResponse]:
+    def _route(self, request: HttpRequest) -> Answer:
         parts = request.path.strip("/").split("/")
         service = self.service
         head = parts[0]
@@ -302,9 +302,7 @@ class V2Routes:
             return _when_done(service.canary_action(parts[2], parts[3]), lambda state: _json(200, state))
         raise RouteNotFound(f"no route for {request.method} {request.path}")
 
-    def _model_route(
-        self, request: HttpRequest, parts: list[str]
-    ) -> HttpResponse | asyncio.Future[HttpResponse]:
+    def _model_route(self, request: HttpRequest, parts: list[str]) -> Answer:
         service = self.service
         if parts == ["v2", "models", "stats"]:
             _allow(request, "GET")
@@ -336,9 +334,7 @@ class V2Routes:
             return _json(200, service.model_metadata(name, version))
         raise RouteNotFound(f"no route for {request.method} {request.path}")
 
-    def _infer(
-        self, request: HttpRequest, name: str, version: str | None
-    ) -> HttpResponse | asyncio.Future[HttpResponse]:
+    def _infer(self, request: HttpRequest, name: str, version: str | None) -> Answer:
         headers = request.headers
         given_id = headers.get(b"x-request-id")
         call = self.service.call(
@@ -361,18 +357,14 @@ class V2Routes:
         encoding = http_compression.choose_encoding(accepted) if accepted else None
         if outputs.done():  # a fast model ran inline: answer without another loop iteration
             return self._reply(call, decoded, encoding)
-        answer: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
 
-        def finished(_: asyncio.Future[Any]) -> None:
+        def finished(_: asyncio.Future[Any]) -> HttpResponse | None:
             if outputs.cancelled():  # the client went away; the request was dropped or discarded
                 call.fail(RequestCancelled("the client disconnected before the response was ready"))
-                answer.cancel()
-            elif not answer.done():
-                answer.set_result(self._reply(call, decoded, encoding))
+                return None
+            return self._reply(call, decoded, encoding)
 
-        outputs.add_done_callback(finished)
-        answer.add_done_callback(lambda _: outputs.cancel() if answer.cancelled() else None)
-        return answer
+        return Deferred(outputs, finished)
 
     def _refused(self, refusal: ServerBusy, request_id: str) -> HttpResponse:
         """The answer to a request refused before it was read. Under overload most requests get one,

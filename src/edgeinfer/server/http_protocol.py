@@ -3,8 +3,9 @@
 Why not uvicorn: an ASGI round trip costs a task, a dozen message dicts and two awaits per request, which
 is most of the server's own latency for a small model. Here one ``asyncio.Protocol`` per connection feeds
 bytes to httptools (the parser uvicorn uses), hands each complete request to a handler, and writes the
-response in one ``transport.write``. A handler answers at once or returns a future; when the client
-disconnects, that future is cancelled, so a request still queued for a batch is dropped.
+response in one ``transport.write``. A handler answers at once, returns a future of its answer, or a
+``Deferred`` (the answer built from another future when that is done); when the client disconnects,
+that future is cancelled, so a request still queued for a batch is dropped.
 
 What it does: keep-alive and pipelining (answered in order, reading paused while a request is pending),
 Content-Length and chunked bodies, ``Expect: 100-continue``, TLS (an ``ssl.SSLContext`` given to the
@@ -27,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import cast
+from typing import Any, TypeAlias, cast
 
 import httptools
 
@@ -68,7 +69,21 @@ class HttpResponse:
     content_type: bytes = b"application/json"
 
 
-Handler = Callable[[HttpRequest], "HttpResponse | asyncio.Future[HttpResponse]"]
+@dataclass(slots=True)
+class Deferred:
+    """An answer that is ``respond(future)`` once ``future`` is done, built in the future's own callback.
+
+    A handler could return a future of the response instead, set from a callback of ``future``; but each
+    future hands its result on in the next loop iteration, so that answer would be written an iteration
+    later, and under load an iteration is milliseconds of reading other requests. ``respond`` is called
+    for a cancelled ``future`` too (the client went away: nothing is written), returning None."""
+
+    future: asyncio.Future[Any]
+    respond: Callable[[asyncio.Future[Any]], HttpResponse | None]
+
+
+Answer: TypeAlias = "HttpResponse | asyncio.Future[HttpResponse] | Deferred"
+Handler = Callable[[HttpRequest], Answer]
 ErrorResponder = Callable[[int, str], HttpResponse]
 RefusalCounter = Callable[[str], None]
 
@@ -98,6 +113,10 @@ def encode_response(response: HttpResponse, keep_alive: bool) -> bytes:
     head.append(b"\r\n")
     head.append(response.body)
     return b"".join(head)
+
+
+def _describe(request: HttpRequest | None) -> str:
+    return f"{request.method} {request.path}" if request is not None else "a request"
 
 
 class _Refused(Exception):
@@ -136,8 +155,9 @@ class HttpConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_size = 0
         self._queue: deque[HttpRequest] = deque()
-        self._inflight: asyncio.Future[HttpResponse] | None = None
+        self._inflight: asyncio.Future[Any] | None = None
         self._inflight_request: HttpRequest | None = None
+        self._respond: Callable[[asyncio.Future[Any]], HttpResponse | None] | None = None  # a Deferred's
         self._closing = False
         self._draining = False
         self._refusal: tuple[int, str, str] | None = None  # status, message, limit
@@ -253,22 +273,32 @@ class HttpConnection(asyncio.Protocol):
         if isinstance(result, HttpResponse):
             self._write(request, result)
             return
+        if isinstance(result, Deferred):
+            self._respond = result.respond
+            result = result.future
         self._inflight = result
         self._inflight_request = request
         result.add_done_callback(self._on_inflight_done)
 
-    def _on_inflight_done(self, future: asyncio.Future[HttpResponse]) -> None:
-        request = self._inflight_request
-        self._inflight = None
-        self._inflight_request = None
-        if future.cancelled() or self._closing or request is None:
+    def _on_inflight_done(self, future: asyncio.Future[Any]) -> None:
+        request, respond = self._inflight_request, self._respond
+        self._inflight = self._inflight_request = self._respond = None
+        response: HttpResponse | None
+        if respond is not None:
+            try:
+                response = respond(future)
+            except Exception:  # the handler maps every expected error itself; this is a bug
+                log.exception("unhandled error answering %s", _describe(request))
+                response = self._state.on_error(500, "internal server error")
+        elif future.cancelled():
             return
-        error = future.exception()
-        if error is not None:
-            log.error("unhandled error for %s %s", request.method, request.path, exc_info=error)
+        elif (error := future.exception()) is not None:
+            log.error("unhandled error for %s", _describe(request), exc_info=error)
             response = self._state.on_error(500, "internal server error")
         else:
             response = future.result()
+        if response is None or self._closing or request is None:
+            return
         self._write(request, response)
 
     def _write(self, request: HttpRequest, response: HttpResponse) -> None:
