@@ -16,7 +16,8 @@
    (answered at least 95 % of it); a configuration *holds the SLO* at a rate when it answers at least 95 %
    of it with p99 within the SLO.
 4. Overload: 2 x R* on the SLO configuration: p99 of the admitted requests, how fast refusals come back,
-   the server's RSS before and after, and that it still answers.
+   the server's RSS before and after, and that it still answers every request (no error, no refusal)
+   ``AFTER_S`` after the overload.
 
 Prints the targets and a table, returns them for run.py's report, and draws p99 and throughput against
 offered load (PNG).
@@ -44,6 +45,7 @@ FIXED = ((1, 0.0), (8, 0.0), (8, 2.0), (32, 2.0), (32, 8.0))  # (max_batch_size,
 RAMP = (0.2, 0.4, 0.6, 0.75, 0.85, 0.95, 1.05, 1.2, 1.4)  # x the probe's closed-loop capacity
 KEEPS_UP = 0.95  # answered share of the offered rate that counts as keeping up
 MODELS = ("tiny", "cnn")
+AFTER_S = 1.0  # the pause between the overload step and the check that the server answers again
 
 
 @dataclass
@@ -193,6 +195,7 @@ def ramp(
                 server, model, f"{model}_slo", request, 2 * sustainable, 2 * step_s[model], slo_ms
             )
             rss_after = server.memory_mib("VmRSS")
+            time.sleep(AFTER_S)  # "after": once the overload's last requests are answered or refused
             alive = run.wrk(server.port, f"/v2/models/{model}_slo/infer", run.json_body(model), 1, 1, False)
             overload[model] = {
                 "offered": point.offered,

@@ -480,10 +480,9 @@ class InferenceService:
         queue ahead, how long it waited unread), or None. And the version the request goes to when its
         body cannot change that (``Router.settled``), so that it is picked once; a request a route or a
         fallback may send elsewhere is judged only while the loop lags, on its wait alone, and on its
-        queue after decoding.
-        Other errors (an unknown model) are left for after decoding, as without load. The version
-        judged here counts the request in ``outcome`` until the request reaches its own (a refused or
-        undecodable one stays counted there)."""
+        queue after decoding. Other errors (an unknown model) are left for after decoding, as without
+        load. The version judged here counts the request in ``outcome`` until the request reaches its
+        own (a refused or undecodable one stays counted there)."""
         router, name, version = self.router, outcome.model, outcome.version
         try:
             entry = judged = router.settled(name, version)
@@ -629,7 +628,9 @@ class InferenceCall:
         (``shed``)."""
         outcome = self.outcome
         if not self._judged and (refusal := self.shed()) is not None:
-            raise refusal
+            # the refusals of one loop iteration share this error: raised again, it would keep each
+            # raise's frames (and their requests) in its traceback
+            raise refusal.with_traceback(None)
         try:
             request = decoder(data)
             check_sizes(request, self._service.limits)

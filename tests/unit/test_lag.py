@@ -74,3 +74,27 @@ def test_a_long_turn_is_remembered_at_once_and_forgotten_gradually():
     after_long, after_short = asyncio.run(main())
     assert after_long >= 0.004
     assert 0.8 * after_long <= after_short < after_long  # FALL: a short turn takes a fifth of it away
+
+
+def test_on_time_ticks_bring_a_long_turn_down_without_turns():
+    """After an overload few requests come, so few turns: an on-time tick of the timer (the loop is not
+    behind) lowers what the long turns left, as it lowers the lag; a late one leaves it."""
+    import asyncio
+    import time
+
+    from edgeinfer.batching.lag import FALL, LoopLag
+
+    async def main() -> list[float]:
+        lag = LoopLag()
+        lag.start()
+        lag.turn_s = 0.020
+        lag._tick(time.monotonic() - 0.010)  # 10 ms late
+        late = lag.turn_s
+        lag._tick(time.monotonic())  # on time
+        on_time = lag.turn_s
+        lag.stop()
+        return [late, on_time]
+
+    late, on_time = asyncio.run(main())
+    assert late == pytest.approx(0.020)
+    assert on_time == pytest.approx(0.020 * FALL)

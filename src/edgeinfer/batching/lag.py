@@ -61,7 +61,10 @@ class LoopLag:
         self._last_use = time.monotonic()
         self._turn_started: float | None = None  # when this loop iteration read its first request
         self.turns = 0  # turns over so far: equal numbers, the same iteration
-        self.turn_s = 0.0  # how long recent turns took: up at once with a long one, down gradually
+        # how long recent turns took: up at once with a long one, down gradually with each shorter one
+        # and each on-time tick (after an overload the loop is idle, and turns are few: the ticks are
+        # what brings it down; it was 20 ms, and the first requests after it were refused for it)
+        self.turn_s = 0.0
 
     def waited_s(self, now: float) -> float:
         """How long a request read ``now`` (monotonic) has waited at least: the lag, plus the time since
@@ -104,10 +107,13 @@ class LoopLag:
 
     def _tick(self, due: float) -> None:
         now = time.monotonic()
-        self.lag_s = next_lag(self.lag_s, now - due)
+        late_s = now - due
+        self.lag_s = next_lag(self.lag_s, late_s)
+        if late_s <= TIMER_SLACK_S:  # on time: the loop is not behind, and long turns are past
+            self.turn_s = next_lag(self.turn_s, 0.0)
         if now - self._last_use > IDLE_S:
             self._handle = None
-            self.lag_s = 0.0
+            self.lag_s = self.turn_s = 0.0
             return
         self._schedule(now)
 
