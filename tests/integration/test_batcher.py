@@ -422,8 +422,9 @@ def test_before_decoding_the_wait_and_the_queue_are_judged_each_alone():
 
 
 def test_the_iterations_still_ahead_of_a_request_count_against_its_slo():
-    """10 ms per request, SLO 32 ms, no lag: recent iterations of 7 ms (three of them ahead of a request
-    read now: 21 ms) leave it in time, of 8 ms (24 ms) not."""
+    """10 ms per request, SLO 32 ms, the loop 0.1 ms behind: recent iterations of 7 ms (three of them
+    ahead of a request read now: 21 ms) leave it in time, of 8 ms (24 ms) not. A request with nothing
+    behind it (no lag, the first of its iteration) has no iterations ahead: its turn is its own work."""
     from edgeinfer.batching.lag import LoopLag
 
     async def main():
@@ -431,19 +432,23 @@ def test_the_iterations_still_ahead_of_a_request_count_against_its_slo():
         adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
         batcher = _seeded(FakeBackend(), adaptive, QueueLimits(slo_s=0.032), lag)
         await asyncio.sleep(0)
-        lag.turn_s = 0.007
+        lag.lag_s, lag.turn_s = 0.0001, 0.007
         admitted = batcher.refuse_unread()
         await asyncio.sleep(0)
-        lag.turn_s = 0.008
+        lag.lag_s, lag.turn_s = 0.0001, 0.008
         refused = batcher.refuse_unread()
+        await asyncio.sleep(0)
+        lag.lag_s, lag.turn_s = 0.0, 0.010
+        alone = batcher.refuse_unread()
         lag.stop()
-        return admitted, refused
+        return admitted, refused, alone
 
-    admitted, refused = asyncio.run(main())
+    admitted, refused, alone = asyncio.run(main())
     assert admitted is None
     assert refused is not None
-    assert "3 loop iterations of 8.0 ms from an answer" in refused.message
-    assert refused.retry_after_s == pytest.approx(0.024, abs=0.001)
+    assert "0.1 ms behind and 3 loop iterations of 8.0 ms from an answer" in refused.message
+    assert refused.retry_after_s == pytest.approx(0.0241, abs=0.0005)
+    assert alone is None
 
 
 def test_the_requests_read_after_a_refused_one_in_the_same_iteration_share_its_refusal():
