@@ -421,6 +421,19 @@ def test_before_decoding_the_wait_and_the_queue_are_judged_each_alone():
     assert batcher.recorder.metrics.refused == {"slo": 2}
 
 
+def _slo_batcher(lag):
+    """An adaptive batcher that has measured 10 ms per request, with an SLO of 32 ms, on ``lag``."""
+    return _seeded(FakeBackend(), BatchPolicy(max_batch_size=4, adaptive=True), QueueLimits(slo_s=0.032), lag)
+
+
+async def _judged_next_iteration(batcher, lag, lag_s: float, turn_s: float):
+    """``refuse_unread`` for the first request of the next loop iteration, the loop ``lag_s`` behind
+    and its recent turns ``turn_s`` long."""
+    await asyncio.sleep(0)
+    lag.lag_s, lag.turn_s = lag_s, turn_s
+    return batcher.refuse_unread()
+
+
 def test_the_iterations_still_ahead_of_a_request_count_against_its_slo():
     """10 ms per request, SLO 32 ms, the loop 0.1 ms behind: recent iterations of 7 ms (three of them
     ahead of a request read now: 21 ms) leave it in time, of 8 ms (24 ms) not. A request with nothing
@@ -429,17 +442,10 @@ def test_the_iterations_still_ahead_of_a_request_count_against_its_slo():
 
     async def main():
         lag = LoopLag()
-        adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
-        batcher = _seeded(FakeBackend(), adaptive, QueueLimits(slo_s=0.032), lag)
-        await asyncio.sleep(0)
-        lag.lag_s, lag.turn_s = 0.0001, 0.007
-        admitted = batcher.refuse_unread()
-        await asyncio.sleep(0)
-        lag.lag_s, lag.turn_s = 0.0001, 0.008
-        refused = batcher.refuse_unread()
-        await asyncio.sleep(0)
-        lag.lag_s, lag.turn_s = 0.0, 0.010
-        alone = batcher.refuse_unread()
+        batcher = _slo_batcher(lag)
+        admitted = await _judged_next_iteration(batcher, lag, 0.0001, 0.007)
+        refused = await _judged_next_iteration(batcher, lag, 0.0001, 0.008)
+        alone = await _judged_next_iteration(batcher, lag, 0.0, 0.010)
         lag.stop()
         return admitted, refused, alone
 
@@ -459,11 +465,8 @@ def test_the_requests_read_after_a_refused_one_in_the_same_iteration_share_its_r
 
     async def main():
         lag = LoopLag()
-        adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
-        batcher = _seeded(FakeBackend(), adaptive, QueueLimits(slo_s=0.032), lag)
-        await asyncio.sleep(0)
-        lag.lag_s, lag.turn_s = 0.025, 0.0
-        first = batcher.refuse_unread()
+        batcher = _slo_batcher(lag)
+        first = await _judged_next_iteration(batcher, lag, 0.025, 0.0)
         assert first is not None
         lag.lag_s = 0.0  # the same iteration: what it refused stays refused
         assert [batcher.refuse_unread() for _ in range(3)] == [first] * 3
