@@ -25,6 +25,7 @@ archives (``*.npz``, one array per input). The pure parts (agreement, the verdic
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -273,6 +274,20 @@ def _name_nodes(graph: Any) -> None:
         taken.add(name)
 
 
+@contextlib.contextmanager
+def working_folder(folder: Path) -> Iterator[None]:
+    """Where ONNX Runtime's symbolic shape inference drops its debugging copy of a graph it could not
+    complete ("sym_shape_infer_temp.onnx" and its weights, in the current directory): our scratch
+    folder, not the user's. (The command runs alone in its process; nothing else reads relative
+    paths meanwhile.)"""
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 def to_int8(
     source: Path, target: Path, mode: str, calibration: list[Sample] | None, progress: Progress
 ) -> None:
@@ -286,7 +301,8 @@ def to_int8(
         raise OptimizeError("--int8 static needs --calibration DIR (sample requests)")
     prepared = target.with_suffix(".prepared.onnx")
     try:
-        q.quant_pre_process(str(source), str(prepared))
+        with working_folder(target.parent):
+            q.quant_pre_process(str(source.absolute()), str(prepared.absolute()))
     except Exception:  # symbolic shape inference gives up on some exported graphs: ONNX's alone then
         try:  # (it still turns Constant-node weights into initializers, which the quantizer needs)
             q.quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)

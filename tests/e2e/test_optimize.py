@@ -14,9 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.support import ROOT, save_model
 
 
-def edgeinfer(*args: str) -> subprocess.CompletedProcess[str]:
+def edgeinfer(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "edgeinfer", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "edgeinfer", *args], cwd=cwd, capture_output=True, text=True, timeout=120
     )
 
 
@@ -156,3 +156,28 @@ def test_fp16_can_keep_the_models_head_in_fp32_weights_included(tmp_path: Path):
     )
     assert negative.returncode == 2
     assert "argument --fp16-keep-tail: must be a whole number >= 0, not '-2'" in negative.stderr
+
+
+def test_int8_leaves_nothing_in_the_folder_it_runs_in_when_shape_inference_gives_up(tmp_path: Path):
+    """Two inputs broadcast over different dynamic dimensions: ONNX Runtime's symbolic shape inference
+    cannot complete the sum and drops a debugging copy of the graph (and its weights) into the current
+    directory; the command still quantizes, and the user's folder holds only what was asked for."""
+    rng = np.random.default_rng(3)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["X", "Y"], ["S"]), helper.make_node("MatMul", ["S", "W"], ["Z"])],
+        "broadcast",
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, ["a", 64]),
+            helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["b", 64]),
+        ],
+        [helper.make_tensor_value_info("Z", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(rng.standard_normal((64, 4)).astype(np.float32), "W")],
+    )
+    model = save_model(graph, tmp_path / "broadcast.onnx")
+    here = tmp_path / "here"
+    here.mkdir()
+    result = edgeinfer(
+        "optimize", str(model), "-o", "int8.onnx", "--int8", "dynamic", "--max-drop", "1", cwd=here
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(path.name for path in here.iterdir()) == ["int8.onnx"]
