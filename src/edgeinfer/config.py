@@ -373,6 +373,11 @@ class ServerConfig(_Frozen):
     )
     max_request_size_mb: float = Field(64.0, gt=0)
     compress_min_bytes: int = Field(1024, ge=0, description="compress responses at least this large")
+    idle_poll: bool = Field(
+        True,
+        description="after answering, poll the sockets a while (as long as requests keep coming back that "
+        "fast, at most as long as the answers took) instead of sleeping: saves the CPU's wake per request",
+    )
     shutdown_delay_s: float = Field(
         0.0,
         ge=0,

@@ -342,6 +342,15 @@ class Registry:
     def versions(self, name: str) -> list[ModelVersion]:
         return sorted(self._models.get(name, {}).values(), key=lambda entry: version_key(entry.version))
 
+    def working(self) -> bool:
+        """Whether any version has requests queued or running (in a worker thread, say)."""
+        for versions in self._models.values():
+            for entry in versions.values():
+                serving = entry.serving
+                if serving is not None and serving.batcher.outstanding:
+                    return True
+        return False
+
     def loaded(self) -> list[ModelVersion]:
         return [
             entry

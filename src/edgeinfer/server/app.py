@@ -43,6 +43,7 @@ from edgeinfer.repository.router import Router
 from edgeinfer.repository.sources import ModelSource, discover, discover_model
 from edgeinfer.server.http import MetricsRoutes, V2Routes, error_response
 from edgeinfer.server.http_protocol import HttpServer
+from edgeinfer.server.idle_poll import IdlePoll
 from edgeinfer.server.security import Security
 from edgeinfer.service import Cluster, InferenceService
 from edgeinfer.validation import RequestLimits
@@ -259,7 +260,10 @@ class Server:
             self._security.guard,
             server_config.limits.max_json_depth,
         )
-        self._http = self._security.http_server(routes, error_response, server_config.max_request_bytes)
+        idle_poll = IdlePoll(self.service.registry.working) if server_config.idle_poll else None
+        self._http = self._security.http_server(
+            routes, error_response, server_config.max_request_bytes, idle_poll
+        )
         await self._http.start(http_socket)
         if grpc_port is not None:
             await self._start_grpc(server_config.host, grpc_port, server_config.max_request_bytes)

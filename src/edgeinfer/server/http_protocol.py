@@ -32,6 +32,8 @@ from typing import Any, TypeAlias, cast
 
 import httptools
 
+from edgeinfer.server.idle_poll import IdlePoll
+
 log = logging.getLogger(__name__)
 
 LINGER_S = 2.0
@@ -124,15 +126,23 @@ class _Refused(Exception):
 
 
 class ServerState:
-    """Shared by every connection of one server: the handler, limits and live connections."""
+    """Shared by every connection of one server: the handler, limits, live connections and the answers
+    still pending among them (none pending: the server is idle, and ``idle_poll`` may poll a while)."""
 
     def __init__(
-        self, handler: Handler, on_error: ErrorResponder, limits: HttpLimits, on_refused: RefusalCounter
+        self,
+        handler: Handler,
+        on_error: ErrorResponder,
+        limits: HttpLimits,
+        on_refused: RefusalCounter,
+        idle_poll: IdlePoll | None = None,
     ) -> None:
         self.handler = handler
         self.on_error = on_error
         self.limits = limits
         self.on_refused = on_refused
+        self.idle_poll = idle_poll
+        self.pending = 0
         self.connections: set[HttpConnection] = set()
         self.all_closed: asyncio.Event | None = None  # set by stop(); fires when the last connection closes
 
@@ -191,6 +201,8 @@ class HttpConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
+        if self._state.idle_poll is not None:
+            self._state.idle_poll.arrived()
         if self._closing:
             return  # lingering after a refusal: the rest of the request is read and dropped
         try:
@@ -278,9 +290,11 @@ class HttpConnection(asyncio.Protocol):
             result = result.future
         self._inflight = result
         self._inflight_request = request
+        self._state.pending += 1
         result.add_done_callback(self._on_inflight_done)
 
     def _on_inflight_done(self, future: asyncio.Future[Any]) -> None:
+        self._state.pending -= 1
         request, respond = self._inflight_request, self._respond
         self._inflight = self._inflight_request = self._respond = None
         response: HttpResponse | None
@@ -317,6 +331,9 @@ class HttpConnection(asyncio.Protocol):
             self._reading_paused = False
             self._reading_since = time.monotonic()  # a request read in part waited for us, not the client
             transport.resume_reading()
+        state = self._state
+        if state.idle_poll is not None and not state.pending:
+            state.idle_poll.idle()
 
     def _fail(self, status: int, message: str) -> None:
         """Answer a request that cannot be parsed or read, then close: the stream is out of step.
@@ -413,8 +430,9 @@ class HttpServer:
         limits: HttpLimits,
         ssl_context: ssl.SSLContext | None = None,
         on_refused: RefusalCounter = _no_count,
+        idle_poll: IdlePoll | None = None,
     ) -> None:
-        self._state = ServerState(handler, on_error, limits, on_refused)
+        self._state = ServerState(handler, on_error, limits, on_refused, idle_poll)
         self._ssl = ssl_context
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None

@@ -15,6 +15,7 @@ from edgeinfer.config import ServerConfig
 from edgeinfer.metrics import Metrics
 from edgeinfer.server.auth import Guard, KeyRing, is_loopback
 from edgeinfer.server.http_protocol import ErrorResponder, Handler, HttpLimits, HttpServer
+from edgeinfer.server.idle_poll import IdlePoll
 from edgeinfer.server.tls import TlsFiles
 
 if TYPE_CHECKING:
@@ -39,7 +40,13 @@ class Security:
         if config.tls is not None:
             TlsFiles(config.tls)
 
-    def http_server(self, handler: Handler, on_error: ErrorResponder, max_body_bytes: int) -> HttpServer:
+    def http_server(
+        self,
+        handler: Handler,
+        on_error: ErrorResponder,
+        max_body_bytes: int,
+        idle_poll: IdlePoll | None = None,
+    ) -> HttpServer:
         limits = self.config.limits
         return HttpServer(
             handler,
@@ -55,6 +62,7 @@ class Security:
             ),
             ssl_context=self.tls.http_context() if self.tls is not None else None,
             on_refused=self._metrics.limit_refused,
+            idle_poll=idle_poll,
         )
 
     def grpc_credentials(self) -> grpc.ServerCredentials | None:

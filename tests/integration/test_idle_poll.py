@@ -1,0 +1,126 @@
+"""The idle poller on a real uvloop loop: it keeps the loop turning for its window, then lets it sleep;
+a request arriving ends it; the HTTP server goes idle only once no answer is pending."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import uvloop
+
+from edgeinfer.server.app import bind
+from edgeinfer.server.http_protocol import Answer, HttpLimits, HttpRequest, HttpResponse, HttpServer
+from edgeinfer.server.idle_poll import IdlePoll
+
+LIMITS = HttpLimits(max_body_bytes=1024)
+
+
+def work(seconds: float) -> None:
+    """The loop busy on the CPU (polling is bounded by the loop's own CPU time, not by waiting)."""
+    started = time.thread_time()
+    while time.thread_time() - started < seconds:
+        pass
+
+
+class CountingPoll(IdlePoll):
+    """Counts the loop iterations it polled in."""
+
+    turns = 0
+
+    def _poll(self) -> None:
+        self.turns += 1
+        super()._poll()
+
+
+def test_the_loop_keeps_turning_for_the_window_then_sleeps():
+    async def main() -> None:
+        poll = CountingPoll()
+        poll.arrived()
+        work(0.003)
+        poll.idle()  # 3 ms of work before it: polls for up to 3 ms
+        assert poll.polling
+        await asyncio.sleep(0.001)  # a timer: without polling the loop would sleep through it in one turn
+        assert poll.turns > 10
+        await asyncio.sleep(0.02)
+        assert not poll.polling, "the window is over: the loop sleeps again"
+        turns = poll.turns
+        await asyncio.sleep(0.005)
+        assert poll.turns == turns
+
+    uvloop.run(main())
+
+
+def test_a_request_arriving_ends_the_polling():
+    async def main() -> None:
+        poll = IdlePoll()
+        poll.arrived()
+        work(0.01)
+        poll.idle()
+        assert poll.polling
+        poll.arrived()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert not poll.polling
+        assert poll.policy.hit_rate == 1.0
+        assert poll.policy.caught_s is not None
+
+    uvloop.run(main())
+
+
+class RecordingPoll(IdlePoll):
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str] = []
+
+    def arrived(self) -> None:
+        self.events.append("arrived")
+        super().arrived()
+
+    def idle(self) -> None:
+        self.events.append("idle")
+        super().idle()
+
+
+def test_the_http_server_polls_only_once_nothing_is_pending():
+    """A request whose answer is still pending (a batch in a worker thread, say) keeps the server busy:
+    no polling then, which would take the CPU from that work; the answer written, it goes idle."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        def handler(request: HttpRequest) -> Answer:
+            work(0.005)
+            if request.path == "/fast":
+                return HttpResponse(200, b"{}")
+            later: asyncio.Future[HttpResponse] = loop.create_future()
+            loop.call_later(0.02, later.set_result, HttpResponse(200, b"{}"))
+            return later
+
+        poll = RecordingPoll()
+        server = HttpServer(
+            handler, lambda status, text: HttpResponse(status, text.encode()), LIMITS, idle_poll=poll
+        )
+        listening = bind("127.0.0.1", 0)
+        await server.start(listening)
+        port = listening.getsockname()[1]
+        slow_reader, slow_writer = await asyncio.open_connection("127.0.0.1", port)
+        fast_reader, fast_writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            slow_writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            await asyncio.sleep(0.005)
+            fast_writer.write(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await fast_reader.readuntil(b"{}")).startswith(b"HTTP/1.1 200")
+            assert poll.events == ["arrived", "arrived"], "the slow answer is pending: not idle"
+            assert not poll.polling
+            assert (await slow_reader.readuntil(b"{}")).startswith(b"HTTP/1.1 200")
+            assert poll.events == ["arrived", "arrived", "idle"]
+            fast_writer.write(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n")
+            await fast_reader.readuntil(b"{}")
+            assert poll.events == ["arrived", "arrived", "idle", "arrived", "idle"]
+            assert poll.polling, "the answers took milliseconds of work: it polls after this one"
+        finally:
+            slow_writer.close()
+            fast_writer.close()
+            await server.stop()
+
+    uvloop.run(main())
