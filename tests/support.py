@@ -176,11 +176,13 @@ def queue_state(port: int, model: str, version: str = "1") -> tuple[float, float
 
 def wait_queue(port: int, model: str, queued: int, inflight: int, timeout: float = 20.0) -> None:
     """Wait until ``model`` has exactly ``queued`` requests waiting and ``inflight`` not yet answered."""
-    wait_for(
-        lambda: queue_state(port, model) == (queued, inflight),
-        timeout,
-        f"{model}: {queued} queued and {inflight} in flight (now {queue_state(port, model)})",
-    )
+    try:
+        wait_for(lambda: queue_state(port, model) == (queued, inflight), timeout, "")
+    except AssertionError:
+        state = queue_state(port, model)
+        raise AssertionError(
+            f"{model}: {queued} queued and {inflight} in flight not met within {timeout} s (now {state})"
+        ) from None
 
 
 def children(pid: int) -> list[int]:

@@ -43,7 +43,10 @@ class OnnxRuntimeConfig(_Frozen):
     graph_optimization_level: GraphOptimizationLevel = "all"
     device: str = Field("CPU", description="OpenVINO: the device that compiles the model (CPU, GPU, NPU)")
     performance_hint: Literal["LATENCY", "THROUGHPUT"] = Field("LATENCY", description="OpenVINO")
-    precision: str | None = Field(None, description="OpenVINO: INFERENCE_PRECISION_HINT, e.g. f16 on a GPU")
+    precision: str | None = Field(
+        None,
+        description="OpenVINO: INFERENCE_PRECISION_HINT (unset: f32 on CPU, else the device's default)",
+    )
     cache_dir: str | None = Field(None, description="OpenVINO: keep compiled models here for the next load")
 
 
