@@ -29,7 +29,7 @@ def special_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Models for queueing and failure tests, and a config that serves them."""
     root = tmp_path_factory.mktemp("special")
     matmul_model(root / "matmul.onnx")
-    slow_model(root / "slow.onnx")
+    slow_model(root / "slow.onnx", row_s=0.1)  # 8 rows: 0.8 s on any machine
     failing_model(root / "failing.onnx")
     row_changing_model(root / "row_changing.onnx")
     matmul_model(root / "fixed.onnx", fixed_batch=2)

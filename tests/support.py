@@ -305,12 +305,16 @@ def matmul_model(path: Path, seed: int = 0, size: int = 16, fixed_batch: int | N
     return save_model(graph, path)
 
 
-def slow_model(path: Path, repeats: int = 100, size: int = 256) -> Path:
+def slow_model(path: Path, repeats: int = 100, size: int = 256, row_s: float | None = None) -> Path:
     """X FP32 [batch,size] -> outer product -> repeats x (MatMul size^3, Tanh) -> mean -> Y FP32 [batch,size].
 
     Compute-bound (about size^3 * repeats multiply-adds per row), for tests that need a batch to take a
-    while: queueing, deadlines, disconnects.
+    while: queueing, deadlines, disconnects. ``row_s``: as many repeats as take about that long per row
+    on this machine (measured here), so that what a test fits in while a batch runs (a few scrapes, a
+    request sent on another connection) fits on a fast machine too.
     """
+    if row_s is not None:
+        repeats = max(1, round(row_s / _repeat_s(path, size)))
     weights = (np.random.default_rng(0).standard_normal((size, size)) / size).astype(np.float32)
     axes2 = numpy_helper.from_array(np.array([2], dtype=np.int64), "axes2")
     axes1 = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes1")
@@ -335,6 +339,24 @@ def slow_model(path: Path, repeats: int = 100, size: int = 256) -> Path:
         [numpy_helper.from_array(weights, "W"), axes1, axes2],
     )
     return save_model(graph, path)
+
+
+def _repeat_s(path: Path, size: int) -> float:
+    """Seconds one repeat of ``slow_model`` takes for one row here (ONNX Runtime, one thread)."""
+    import onnxruntime as ort
+
+    probe = slow_model(path, repeats=20, size=size)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
+    row = {"X": np.full((1, size), 0.01, np.float32)}
+    session.run(None, row)
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        session.run(None, row)
+        times.append(time.perf_counter() - started)
+    return min(times) / 20
 
 
 def row_changing_model(path: Path) -> Path:
