@@ -101,6 +101,7 @@ def test_paths_are_relative_to_the_config_file(tmp_path, model_file, monkeypatch
         ("models:\n  m: {model_path: m.onnx, slo: {p99_ms: 0}}\n", "models.m.slo.p99_ms"),
         ("models:\n  m: {model_path: m.onnx, slo: {p99: 50}}\n", "models.m.slo.p99"),
         ("server: {shutdown_delay_s: -1}\n", "server.shutdown_delay_s"),
+        ("server: {idle_poll: maybe}\n", "server.idle_poll"),
         (
             "models:\n  m: {model_path: m.onnx, fallback: {model: s, enter_p95_ms: 30, exit_p95_ms: 30}}\n",
             "exit_p95_ms (30) must be below enter_p95_ms (30)",
