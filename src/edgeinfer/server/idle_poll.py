@@ -46,18 +46,16 @@ class SpinWindow:
 
     def worked(self, busy_s: float) -> None:
         """The loop spent ``busy_s`` of CPU from the request that ended an idle period to this one."""
-        self.work_s = busy_s if self.work_s is None else self.work_s + (busy_s - self.work_s) * WEIGHT
+        self.work_s = _moved(self.work_s, busy_s)
 
     def ended(self, gap_s: float, window_s: float) -> None:
         """An idle period that was given ``window_s`` of polling ended ``gap_s`` after it began."""
         if window_s <= 0:
             return  # a slept gap includes the wake: it says nothing about what polling would catch
         caught = gap_s <= window_s
-        self.hit_rate += ((1.0 if caught else 0.0) - self.hit_rate) * WEIGHT
+        self.hit_rate = _moved(self.hit_rate, 1.0 if caught else 0.0)
         if caught:
-            self.caught_s = (
-                gap_s if self.caught_s is None else self.caught_s + (gap_s - self.caught_s) * WEIGHT
-            )
+            self.caught_s = _moved(self.caught_s, gap_s)
 
     def window_s(self, longest_s: float) -> float:
         """Seconds to poll in the idle period beginning now (0: sleep at once), at most ``longest_s``."""
@@ -75,6 +73,11 @@ class SpinWindow:
         if self.caught_s is None:
             return budget
         return min(budget, GAP_MARGIN * self.caught_s)
+
+
+def _moved(mean: float | None, value: float) -> float:
+    """A running mean after one more ``value`` (the first value starts it)."""
+    return value if mean is None else mean + (value - mean) * WEIGHT
 
 
 class IdlePoll:
