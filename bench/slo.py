@@ -58,8 +58,9 @@ class RampPoint:
     p99_ms: float
     refused: int
     refused_p99_ms: float
-    errors: int
+    errors: int  # the server's: connections lost, answers missing or other than 200/429/503/504
     client_late_p99_ms: float
+    not_sent: int = 0  # requests the client could not send: over its own in-flight cap (loadgen.MAX_OPEN)
 
     def keeps_up(self) -> bool:
         return self.goodput >= KEEPS_UP * self.offered and self.errors == 0
@@ -204,6 +205,7 @@ def ramp(
                 "refused": point.refused,
                 "refused_p99_ms": point.refused_p99_ms,
                 "errors": point.errors,
+                "not_sent": point.not_sent,
                 "rss_before_mib": round(rss_before, 1),
                 "rss_after_mib": round(rss_after, 1),
                 "answers_after": alive["requests"] > 0 and alive["status_errors"] == 0,
@@ -227,13 +229,15 @@ def measure_step(
         p99_ms=round(result.p(0.99) * 1000, 2),
         refused=len(result.refused_latency),
         refused_p99_ms=round(result.p(0.99, refused=True) * 1000, 2),
-        errors=result.errors + result.client_overflow + result.unanswered,
+        errors=result.errors + result.unanswered,
         client_late_p99_ms=round(result.client_late_p99_s * 1000, 2),
+        not_sent=result.client_overflow,
     )
     print(
         f"  {name:16} offered {point.offered:8,.1f}/s  answered {point.goodput:8,.1f}/s  "
         f"p50 {point.p50_ms:9.2f}  p99 {point.p99_ms:9.2f} ms  refused {point.refused:5}  "
-        f"errors {point.errors}  client late p99 {point.client_late_p99_ms:.2f} ms",
+        f"errors {point.errors}  not sent {point.not_sent}  "
+        f"client late p99 {point.client_late_p99_ms:.2f} ms",
         flush=True,
     )
     return point
@@ -311,7 +315,8 @@ def targets_table(summary: dict) -> str:
             lines.append(
                 f"| {model} at 2x ({over['offered']:,.0f}/s): admitted p99 <= SLO; refusals p99 < 5 ms | "
                 f"<= {entry['slo_p99_ms']:g} ms; < 5 ms | {over['admitted_p99_ms']:.1f} ms; "
-                f"{over['refused_p99_ms']:.1f} ms ({over['refused']} refused, {over['errors']} errors, RSS "
+                f"{over['refused_p99_ms']:.1f} ms ({over['refused']} refused, {over['errors']} errors, "
+                f"{over.get('not_sent', 0)} not sent by the client, RSS "
                 f"{over['rss_before_mib']} -> {over['rss_after_mib']} MiB, answers after: "
                 f"{'yes' if over['answers_after'] else 'NO'}) |"
             )
@@ -321,12 +326,13 @@ def targets_table(summary: dict) -> str:
 def points_table(points: list[RampPoint]) -> str:
     lines = [
         "| model | config | offered/s | answered/s | p50 ms | p99 ms | refused | refusal p99 ms | errors "
-        "| client late p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| not sent | client late p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines.extend(
         f"| {p.model} | {p.config} | {p.offered:,.1f} | {p.goodput:,.1f} | {p.p50_ms:.2f} | "
-        f"{p.p99_ms:.2f} | {p.refused} | {p.refused_p99_ms:.2f} | {p.errors} | {p.client_late_p99_ms:.2f} |"
+        f"{p.p99_ms:.2f} | {p.refused} | {p.refused_p99_ms:.2f} | {p.errors} | {p.not_sent} | "
+        f"{p.client_late_p99_ms:.2f} |"
         for p in points
     )
     return "\n".join(lines)
