@@ -316,7 +316,7 @@ def targets_table(summary: dict) -> str:
                 f"| {model} at 2x ({over['offered']:,.0f}/s): admitted p99 <= SLO; refusals p99 < 5 ms | "
                 f"<= {entry['slo_p99_ms']:g} ms; < 5 ms | {over['admitted_p99_ms']:.1f} ms; "
                 f"{over['refused_p99_ms']:.1f} ms ({over['refused']} refused, {over['errors']} errors, "
-                f"{over.get('not_sent', 0)} not sent by the client, RSS "
+                f"{over['not_sent']} not sent by the client, RSS "
                 f"{over['rss_before_mib']} -> {over['rss_after_mib']} MiB, answers after: "
                 f"{'yes' if over['answers_after'] else 'NO'}) |"
             )

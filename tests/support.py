@@ -154,14 +154,16 @@ def metric(samples: dict[str, dict[tuple, float]], name: str, **labels: str) -> 
     return samples[name][tuple(sorted(labels.items()))]
 
 
-def wait_for(condition: Any, timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``condition()`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
+def wait_for(condition: Any, timeout: float = 10.0, what: str = "condition", now: Any = None) -> None:
+    """Poll ``condition()`` until it is true; fail naming ``what`` after ``timeout`` seconds, and what
+    ``now()`` says then (the state the condition read, at the end of the wait)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return
         time.sleep(0.02)
-    raise AssertionError(f"{what} not met within {timeout} s")
+    state = f" (now {now()})" if now is not None else ""
+    raise AssertionError(f"{what} not met within {timeout} s{state}")
 
 
 def queue_state(port: int, model: str, version: str = "1") -> tuple[float, float]:
@@ -176,13 +178,12 @@ def queue_state(port: int, model: str, version: str = "1") -> tuple[float, float
 
 def wait_queue(port: int, model: str, queued: int, inflight: int, timeout: float = 20.0) -> None:
     """Wait until ``model`` has exactly ``queued`` requests waiting and ``inflight`` not yet answered."""
-    try:
-        wait_for(lambda: queue_state(port, model) == (queued, inflight), timeout, "")
-    except AssertionError:
-        state = queue_state(port, model)
-        raise AssertionError(
-            f"{model}: {queued} queued and {inflight} in flight not met within {timeout} s (now {state})"
-        ) from None
+    wait_for(
+        lambda: queue_state(port, model) == (queued, inflight),
+        timeout,
+        f"{model}: {queued} queued and {inflight} in flight",
+        now=lambda: queue_state(port, model),
+    )
 
 
 def children(pid: int) -> list[int]:

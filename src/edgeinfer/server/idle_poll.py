@@ -36,7 +36,8 @@ GAP_MARGIN = 2.0  # the window: this many times the mean gap caught (gaps vary; 
 
 
 class SpinWindow:
-    """How long to poll after going idle, from what the last idle and busy periods measured (pure)."""
+    """How long to poll after going idle, from what the last idle and busy periods measured (no clock,
+    no loop: the caller measures)."""
 
     def __init__(self) -> None:
         self.work_s: float | None = None  # running mean of the busy time before each idle period
