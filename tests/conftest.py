@@ -37,20 +37,22 @@ def special_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
         """
 models:
   matmul: {model_path: matmul.onnx, max_batch_size: 16, batch_timeout_millis: 2}
-  slow:
+  slow:  # queue limits: requests queue behind the running batch, none is formed ahead of a free slot
     model_path: slow.onnx
     backend_config: {intra_op_num_threads: 1}
     max_batch_size: 8
     max_queue_size: 4
+    prefetch_batches: 0
   slow_shared:  # fixed batching: queued requests merge (adaptive would run this per-row model one by one)
     model_path: slow.onnx
     backend_config: {intra_op_num_threads: 1}
     max_batch_size: 8
     batch_timeout_millis: 0
-  slow_unbatched:
+  slow_unbatched:  # the queue's own behaviour: nothing is formed ahead of a free slot
     model_path: slow.onnx
     backend_config: {intra_op_num_threads: 1}
     max_batch_size: 0
+    prefetch_batches: 0
   slow_slo:  # any queue behind a running batch of this model misses 1 ms, on any machine
     model_path: slow.onnx
     backend_config: {intra_op_num_threads: 1}

@@ -40,6 +40,7 @@ class FakeBackend:
         self.fail_when = fail_when
         self.drop_a_row = drop_a_row
         self.batches: list[np.ndarray] = []
+        self.threads: list[int] = []  # the thread each batch ran in
         self.concurrent = 0
         self.max_concurrent = 0
         self._lock = threading.Condition()
@@ -55,6 +56,7 @@ class FakeBackend:
     ) -> dict[str, np.ndarray]:
         with self._lock:
             self.batches.append(inputs["x"].copy())
+            self.threads.append(threading.get_ident())
             self.concurrent += 1
             self.max_concurrent = max(self.max_concurrent, self.concurrent)
             self.entered += 1

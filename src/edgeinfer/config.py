@@ -244,7 +244,12 @@ class ModelConfig(_Frozen):
     fallback: FallbackConfig | None = Field(None, description="a cheaper model to route to while over p95")
     preferred_batch_sizes: tuple[int, ...] = ()
     max_concurrent_batches: int = Field(1, ge=1)
-    prefetch_batches: int = Field(0, ge=0, description="batches formed ahead, waiting for a compute slot")
+    prefetch_batches: int | None = Field(
+        None,
+        ge=0,
+        description="batches formed ahead, waiting in the runner for a compute slot; unset: 1 with adaptive "
+        "batching (used while merging does not pay), 0 with a fixed batch timeout",
+    )
     max_queue_size: int = Field(512, ge=1, description="queued requests (not rows) before 429")
     queue_timeout_millis: float | None = Field(None, gt=0)
     default_priority_level: int = Field(1, ge=1)
@@ -286,6 +291,14 @@ class ModelConfig(_Frozen):
     def adaptive_batching(self) -> bool:
         """Batching from measurements (policy.py) unless a fixed batch timeout is given without an SLO."""
         return self.slo is not None or self.batch_timeout_millis is None
+
+    @property
+    def batches_ahead(self) -> int:
+        """``prefetch_batches``, or its default: adaptive batching forms the next batch ahead whenever
+        merging does not pay (``policy.forms_ahead``), so the model never waits for the event loop."""
+        if self.prefetch_batches is not None:
+            return self.prefetch_batches
+        return 1 if self.adaptive_batching else 0
 
     @model_validator(mode="after")
     def _instances_need_processes(self) -> ModelConfig:

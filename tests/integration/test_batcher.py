@@ -221,6 +221,43 @@ def test_prefetched_batches_wait_for_the_compute_slot():
     backend, results = asyncio.run(main())
     assert backend.max_concurrent == 1, "prefetched batches never compute at the same time"
     assert [result["y"][0, 0] for result in results] == [2.0 * i for i in range(6)]
+    # the thread that finishes a batch takes the prefetched one itself: no second thread is woken
+    assert len(set(backend.threads)) == 1
+
+
+def _adaptive_with_prefetch(backend: FakeBackend, per_row_s: float, per_batch_s: float) -> Batcher:
+    batcher = make(backend, policy=BatchPolicy(max_batch_size=4, adaptive=True), prefetch=1)
+    for size in (1, 4):
+        batcher.runner.cost.observe(size, per_batch_s + per_row_s * size)
+    return batcher
+
+
+@pytest.mark.parametrize(
+    ("per_row_s", "per_batch_s", "queued_while_running", "batches"),
+    [
+        (0.010, 0.0, 2, [1, 1, 1, 1]),  # merging does not pay: the next request is handed over at once
+        (0.001, 0.010, 3, [1, 3]),  # it pays: the next batch forms when the slot frees, with all three
+    ],
+    ids=["cost-per-row", "cost-per-call"],
+)
+def test_adaptive_batching_forms_the_next_batch_ahead_only_when_merging_does_not_pay(
+    per_row_s, per_batch_s, queued_while_running, batches
+):
+    async def main():
+        backend = FakeBackend(hold=True)
+        batcher = _adaptive_with_prefetch(backend, per_row_s, per_batch_s)
+        first = submit(batcher, 0.0)
+        await entered(backend, 1)
+        rest = [submit(batcher, float(i)) for i in range(1, 4)]
+        await asyncio.sleep(0)  # the queue is looked at after the loop iteration
+        assert batcher.queue_length == queued_while_running
+        backend.release()
+        await asyncio.gather(first, *rest)
+        return backend
+
+    backend = asyncio.run(main())
+    assert [len(batch) for batch in backend.batches] == batches
+    assert backend.max_concurrent == 1
 
 
 def test_a_batch_predicted_cheaper_than_the_thread_hop_runs_inline():
@@ -517,13 +554,22 @@ def test_a_request_predicted_to_miss_its_timeout_gets_504_at_once():
     assert 2.0 not in backend.rows_run()
 
 
-def test_a_newer_frame_of_a_stream_supersedes_the_queued_one():
+@pytest.mark.parametrize("forming_ahead", [False, True], ids=["fixed", "adaptive-forming-ahead"])
+def test_a_newer_frame_of_a_stream_supersedes_the_queued_one(forming_ahead):
+    """Also where batches form ahead of a free slot: a frame of a stream is not formed ahead (it would
+    be committed to run), it waits in the queue where a newer frame can still replace it."""
+
     async def main():
         backend = FakeBackend(hold=True)
-        batcher = make(backend, policy=BatchPolicy(max_batch_size=1))
+        if forming_ahead:
+            batcher = _adaptive_with_prefetch(backend, per_row_s=0.010, per_batch_s=0.0)
+        else:
+            batcher = make(backend, policy=BatchPolicy(max_batch_size=1))
         running = submit(batcher, 1.0, stream="cam-1")
         await entered(backend, 1)
         stale = submit(batcher, 2.0, stream="cam-1")
+        await asyncio.sleep(0)  # the queue is looked at: 2.0 stays in it
+        assert batcher.queue_length == 1
         other = submit(batcher, 3.0, stream="cam-2")
         plain = submit(batcher, 4.0)
         newest = submit(batcher, 5.0, stream="cam-1")  # replaces 2.0, which has not started

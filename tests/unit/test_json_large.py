@@ -99,3 +99,34 @@ def test_the_same_errors_either_way(document):
         assert large.startswith("request body is not valid JSON")
     else:
         assert large == small
+
+
+def nested(levels: int) -> object:
+    value: object = 1
+    for _ in range(levels):
+        value = {"k": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("document", "limit", "over"),
+    [
+        ({**padded(tensor()), "parameters": {"padding": PADDING, "deep": nested(6)}}, 8, False),
+        ({**padded(tensor()), "parameters": {"padding": PADDING, "deep": nested(7)}}, 8, True),
+        (padded(tensor(shape=(1, 1, 1, 1, 1, 1), data=[[[[[[1]]]]]])), 8, True),  # nested data: walked
+        (padded(tensor(shape=(1, 1, 1, 1, 1), data=[[[[[1]]]]])), 8, False),
+        (padded(tensor(shape=(4096,), data=[0.5] * 4096)), 4, False),  # flat data decoded apart
+    ],
+)
+def test_the_depth_limit_holds_for_large_bodies(document, limit, over):
+    from edgeinfer.errors import LimitExceeded
+
+    body = orjson.dumps(document)
+    assert len(body) >= json_codec.LARGE_BODY_BYTES
+    if over:
+        with pytest.raises(LimitExceeded, match=f"the limit is {limit}"):
+            json_codec.decode_request(body, max_depth=limit)
+        with pytest.raises(LimitExceeded, match=f"the limit is {limit}"):  # as the small path
+            json_codec.decode_request_object(json_codec.loads_object(body), None, max_depth=limit)
+    else:
+        json_codec.decode_request(body, max_depth=limit)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from edgeinfer.batching.policy import BatchPolicy, Measured, Pending, next_batch, runs_alone
+from edgeinfer.batching.policy import BatchPolicy, Measured, Pending, forms_ahead, next_batch, runs_alone
 
 POLICY = BatchPolicy(max_batch_size=8, max_queue_delay_s=0.010)
 
@@ -201,6 +201,21 @@ def test_merging_pays_exactly_when_it_lowers_the_mean_completion_time(per_row, p
         alone = sum(i * measured.batch_s(1) for i in range(1, k + 1)) / k
         merged = measured.batch_s(k)
         assert (merged <= alone + 1e-12) is measured.merging_pays(), (per_row, per_batch, k)
+
+
+@pytest.mark.parametrize(
+    ("policy", "measured", "ahead"),
+    [
+        (POLICY, None, True),  # fixed: as configured (prefetch_batches)
+        (POLICY, FIXED_COST, True),
+        (ADAPTIVE, None, False),  # nothing measured yet: the batch forms when the slot frees
+        (ADAPTIVE, PER_ROW, True),  # a batch of one either way: formed ahead, it starts at once
+        (ADAPTIVE, FIXED_COST, False),  # formed ahead, it would miss what arrives meanwhile
+        (ADAPTIVE, Measured(0.0, 0.0), True),  # no cost measured at all: merging does not pay
+    ],
+)
+def test_a_batch_forms_ahead_of_a_free_slot_only_when_it_would_be_no_smaller(policy, measured, ahead):
+    assert forms_ahead(policy, measured) is ahead
 
 
 LONE_POLICIES = [

@@ -31,14 +31,12 @@ Where it runs (``kind`` in the model config, Triton's instance-group word):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import inspect
 import logging
 import pickle
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -137,8 +135,8 @@ class PythonBackend:
             return concatenating(self.name, self._predict_batch, batching)
         if self.is_async:  # in a child process: a loop of its own
             loop = asyncio.new_event_loop()
-            return lambda batch, times, slot: _timed(times, slot, loop.run_until_complete, self._async(batch))
-        return lambda batch, times, slot: _timed(times, slot, self._predict, _requests(batch))
+            return lambda batch, times: _timed(times, loop.run_until_complete, self._async(batch))
+        return lambda batch, times: _timed(times, self._predict, _requests(batch))
 
     async def execute_async(self, batch: list[Work]) -> list[Result]:
         return await self._async(batch)
@@ -187,16 +185,10 @@ def _requests(batch: list[Work]) -> list[Request]:
     return [Request(work.inputs, dict(work.parameters), work.request_id) for work in batch]
 
 
-def _timed(
-    times: BatchTimes,
-    slot: AbstractContextManager[Any] | None,
-    call: Callable[[Any], list[Result]],
-    argument: Any,
-) -> list[Result]:
-    with slot or contextlib.nullcontext():
-        started = time.perf_counter_ns()
-        results = call(argument)
-        times.infer_ns = max(1, time.perf_counter_ns() - started)
+def _timed(times: BatchTimes, call: Callable[[Any], list[Result]], argument: Any) -> list[Result]:
+    started = time.perf_counter_ns()
+    results = call(argument)
+    times.infer_ns = max(1, time.perf_counter_ns() - started)
     return results
 
 

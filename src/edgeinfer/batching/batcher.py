@@ -2,7 +2,8 @@
 
 Requests are submitted from the event loop and get a future. What to run together is decided by the
 pure ``policy.next_batch``; how a batch runs is the runner's business (threads, the event loop, child
-processes), and at most ``runner.capacity`` batches are handed to it at once. Nothing here polls: a
+processes), and at most ``runner.capacity`` batches are handed to it at once (those beyond its
+``concurrency`` only when ``policy.forms_ahead`` says a batch formed early is as good). Nothing here polls: a
 batch starts when a request arrives or a batch finishes (if the runner has room and the policy says so),
 or when the timer for the policy's ``wake_at`` or the next deadline fires.
 """
@@ -23,6 +24,7 @@ from edgeinfer.batching.policy import (
     BatchPolicy,
     Measured,
     Pending,
+    forms_ahead,
     next_batch,
     next_deadline,
     runs_alone,
@@ -428,8 +430,10 @@ class Batcher:
         if now is None:
             now = time.monotonic()
         wake_at: float | None = None
+        runner = self.runner
+        capacity = runner.capacity if forms_ahead(self.policy, measured) else runner.concurrency
         while self._pending:
-            if self._running >= self.runner.capacity:
+            if self._running >= capacity:
                 expired = split_expired(self._pending, now)[1]
                 self._remove(expired)
                 self._expire(expired, now)
@@ -437,6 +441,9 @@ class Batcher:
                 break
             decision = next_batch(self._pending, self.policy, now, measured)
             self._expire(decision.expired, now)
+            if self._running >= runner.concurrency and any(item.stream for item in decision.batch):
+                self._remove(decision.expired)  # a frame of a stream waits here for a free slot:
+                break  # formed ahead, it could no longer be superseded by a newer one
             self._remove(decision.expired + decision.batch)
             if not decision.batch:
                 wake_at = decision.wake_at

@@ -32,7 +32,8 @@ arrivals) decides:
   (the benchmark's Python model on two process instances: 367-428 requests/s with such waits, 413-448
   without).
 * Under load no wait is needed: requests queue while the runner is busy, and the batch formed when it
-  frees holds them all.
+  frees holds them all. When merging does not pay, the next request is handed to the runner while the
+  current one computes instead (``forms_ahead``): it starts the moment the slot frees.
 """
 
 from __future__ import annotations
@@ -219,6 +220,15 @@ def runs_alone(
     if measured is not None and not measured.merging_pays():
         return True
     return _worth_waiting(rows, False, 0.0, due, now, measured) is None
+
+
+def forms_ahead(policy: BatchPolicy, measured: Measured | None) -> bool:
+    """Whether the next batch may be formed before a compute slot frees (the runner's prefetch): a batch
+    formed early holds only what is queued now, not what arrives while the current one computes. A
+    fixed policy forms ahead as configured; an adaptive one only while merging does not pay: then the
+    batch is one request either way, and formed ahead it starts the moment the slot frees instead of
+    when the event loop next gets to it (a loop decoding a large JSON body holds it for milliseconds)."""
+    return not policy.adaptive or (measured is not None and not measured.merging_pays())
 
 
 def _preferred_prefix(candidates: list[Pending], preferred: tuple[int, ...]) -> list[Pending]:

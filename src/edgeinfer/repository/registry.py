@@ -272,7 +272,7 @@ class Registry:
         settings = RunnerSettings(
             name=f"{source.name}-{source.version}",
             concurrency=config.max_concurrent_batches,
-            prefetch=config.prefetch_batches,
+            prefetch=config.batches_ahead,
             inline_max_s=config.inline_max_us / 1e6 if config.inline_max_us is not None else None,
             batching=loaded.policy.max_batch_size > 0,
         )

@@ -10,8 +10,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Collection
-from contextlib import AbstractContextManager
-from typing import Any
 
 import numpy as np
 
@@ -24,9 +22,7 @@ Infer = Callable[[Tensors, Collection[str] | None], Tensors]
 def concatenating(name: str, infer: Infer, batching: bool) -> Execute:
     """A batch function running ``infer`` once per batch; ``batching`` False: every batch is one request."""
 
-    def execute(
-        batch: list[Work], times: BatchTimes, slot: AbstractContextManager[Any] | None
-    ) -> list[Result]:
+    def execute(batch: list[Work], times: BatchTimes) -> list[Result]:
         started = time.perf_counter_ns()
         if len(batch) == 1:
             inputs, output_names = batch[0].inputs, batch[0].output_names
@@ -34,18 +30,12 @@ def concatenating(name: str, infer: Infer, batching: bool) -> Execute:
             inputs = {key: np.concatenate([work.inputs[key] for work in batch]) for key in batch[0].inputs}
             output_names = _union_outputs(batch)
         prepared = time.perf_counter_ns()
-        if slot is None:  # alone: nothing to wait for
-            computing = prepared
-            outputs = infer(inputs, output_names)
-        else:
-            with slot:  # a prefetched batch waits here, ready to go
-                computing = time.perf_counter_ns()
-                outputs = infer(inputs, output_names)
+        outputs = infer(inputs, output_names)
         computed = time.perf_counter_ns()
         rows = [batch[0].rows] if len(batch) == 1 else [work.rows for work in batch]
         results = _split(name, outputs, rows, batching)
         times.input_ns = prepared - started
-        times.infer_ns = max(1, computed - computing)
+        times.infer_ns = max(1, computed - prepared)
         times.output_ns = time.perf_counter_ns() - computed
         return results
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -76,7 +75,7 @@ class Runner(Protocol):
     ``run`` is called on the event loop and returns a future (awaitable) of the batch's results; a runner
     that executed the batch inline returns it already done. A whole-batch failure is the future's
     exception; a per-request failure is an exception in that request's place. At most ``capacity``
-    batches are handed to a runner at once (those beyond its ``concurrency`` wait inside it for a slot).
+    batches are handed to a runner at once (those beyond its ``concurrency`` wait inside it, ready to start).
     ``close`` is awaited once, after the last batch finished.
     """
 
@@ -89,6 +88,5 @@ class Runner(Protocol):
     async def close(self) -> None: ...
 
 
-# A synchronous batch function: fills in ``times`` and enters ``slot`` around the model call only, so a
-# prefetched batch prepares its inputs while it waits for the compute slot (None: run at once).
-Execute = Callable[[list[Work], BatchTimes, AbstractContextManager[Any] | None], list[Result]]
+# A synchronous batch function: runs one batch and fills in ``times``.
+Execute = Callable[[list[Work], BatchTimes], list[Result]]

@@ -26,7 +26,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -261,11 +260,8 @@ class ProcessRunner:
     def run(self, batch: list[Work]) -> Any:
         return self._threads.run(batch)
 
-    def _execute(
-        self, batch: list[Work], times: BatchTimes, slot: AbstractContextManager[Any] | None
-    ) -> list[Result]:
-        with slot or contextlib.nullcontext():
-            return self._pool.call(batch, times)
+    def _execute(self, batch: list[Work], times: BatchTimes) -> list[Result]:
+        return self._pool.call(batch, times)
 
     async def close(self) -> None:
         await self._threads.close()
@@ -304,7 +300,7 @@ def _child_main(fd: int) -> None:
             return  # the server closed the pipe: stop
         times = BatchTimes()
         try:
-            results = execute(batch, times, None)
+            results = execute(batch, times)
         except Exception as error:
             try:
                 send(connection, ("raise", error))
