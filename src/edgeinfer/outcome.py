@@ -43,6 +43,7 @@ class Outcome:
     version: str | None
     request_id: str = ""
     started: float = field(default_factory=time.perf_counter)
+    received_at: float | None = None  # time.monotonic() when the transport began receiving it
     error: BaseException | None = None
     decode_s: float | None = None
     encode_s: float | None = None

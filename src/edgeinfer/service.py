@@ -432,10 +432,13 @@ class InferenceService:
         version: str | None,
         request_id: str | None = None,
         trace_headers: TraceHeaders | None = None,
+        received_at: float | None = None,
     ) -> InferenceCall:
         """Start one inference request; ``request_id`` is the transport's (a header or metadata), and
-        ``trace_headers`` the W3C ``traceparent`` and ``tracestate`` it received (read when ``traced``)."""
-        outcome = Outcome(protocol, model, version, request_id or "")
+        ``trace_headers`` the W3C ``traceparent`` and ``tracestate`` it received (read when ``traced``).
+        ``received_at`` (``time.monotonic``): when the transport began receiving it; the model's SLO
+        counts from then (a large body can take long to arrive while the server is busy)."""
+        outcome = Outcome(protocol, model, version, request_id or "", received_at=received_at)
         if self._tracing is not None:
             self._tracing.begin(outcome, trace_headers)
         return InferenceCall(self, outcome)
@@ -692,7 +695,13 @@ class InferenceCall:
         else:  # most requests set none of them
             priority, timeout_s, stream = entry.config.default_priority_level, deadline_s, None
         answer = serving.batcher.submit(
-            work, checked.group, priority=priority, timeout_s=timeout_s, trace=outcome.trace, stream=stream
+            work,
+            checked.group,
+            priority=priority,
+            timeout_s=timeout_s,
+            trace=outcome.trace,
+            stream=stream,
+            received_at=outcome.received_at,
         )
         if service.shadows.active:
             service.shadows.mirror(outcome.model, entry, request, answer)

@@ -390,6 +390,63 @@ def test_a_request_predicted_to_miss_the_slo_is_refused_at_once_and_counted():
     assert batcher.recorder.stats.fail.count == 1
 
 
+def test_the_slo_counts_from_when_the_request_began_to_arrive():
+    """10 ms per request, SLO 35 ms, one running and one queued: the next would finish 30 ms from now.
+    Read just now, it would be admitted (the queued one was); one whose body took 20 ms to arrive would
+    finish 50 ms after it began: refused."""
+
+    async def main():
+        backend = FakeBackend(hold=True)
+        batcher = _seeded(backend, BatchPolicy(max_batch_size=4, adaptive=True), QueueLimits(slo_s=0.035))
+        running = submit(batcher, 1.0)
+        await entered(backend, 1)
+        in_time = submit(batcher, 2.0, received_at=time.monotonic())
+        with pytest.raises(ServerBusy) as refused:
+            submit(batcher, 3.0, received_at=time.monotonic() - 0.020)
+        backend.release()
+        await asyncio.gather(running, in_time)
+        return refused.value
+
+    message = str(asyncio.run(main()))
+    expected = r"would finish in 50\.\d ms \(receiving it 20\.\d ms, queue ahead 20\.0 ms"
+    assert re.search(expected, message), message
+
+
+@pytest.mark.parametrize(
+    ("adaptive", "refused"),
+    [(True, True), (False, False)],
+    ids=["adaptive-one-by-one", "fixed-merged"],
+)
+def test_the_queue_ahead_counts_as_the_batches_it_will_run_in(adaptive, refused):
+    """6 ms per row and 4 ms per call: merging does not pay, so the adaptive policy runs queued requests
+    one by one. Running 10 ms, two queued: 10 + 2 x 10 + 10 ms = 40 ms, over an SLO of 38 ms. A fixed
+    policy merges the two: 10 + (12 + 4) + 10 ms = 36 ms, within it."""
+
+    async def main():
+        backend = FakeBackend(hold=True)
+        policy = BatchPolicy(max_batch_size=4, adaptive=adaptive, max_queue_delay_s=0.0)
+        batcher = make(backend, policy=policy, limits=QueueLimits(slo_s=0.038))
+        for size in (1, 4):
+            batcher.runner.cost.observe(size, 0.004 + 0.006 * size)
+        running = submit(batcher, 1.0)
+        await entered(backend, 1)
+        queued = [submit(batcher, 2.0), submit(batcher, 3.0)]
+        try:
+            submit(batcher, 4.0)
+        except ServerBusy as error:
+            outcome = error
+        else:
+            outcome = None
+        backend.release()
+        await asyncio.gather(running, *queued, return_exceptions=True)
+        return outcome
+
+    outcome = asyncio.run(main())
+    assert (outcome is not None) is refused
+    if refused:
+        assert "would finish in 40.0 ms" in str(outcome)
+
+
 def test_a_request_is_refused_unread_only_when_no_body_could_make_it_in_time():
     """Before decoding, a request is judged at its most favourable (one row, the highest priority):
     refused when even that misses the SLO, and never when its body could still make it in time."""

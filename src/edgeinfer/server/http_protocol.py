@@ -61,6 +61,7 @@ class HttpRequest:
     headers: dict[bytes, bytes]  # lower-cased names; a repeated header keeps its last value
     body: bytes
     keep_alive: bool
+    received_at: float = 0.0  # time.monotonic() when its first bytes were parsed (0: unknown)
 
 
 @dataclass(slots=True)
@@ -162,6 +163,7 @@ class HttpConnection(asyncio.Protocol):
         self._max_headers = state.limits.max_headers
         self._reading: str | None = None  # "headers" or "body" while a request is being received
         self._reading_since = 0.0
+        self._began = 0.0  # when the request being read began to arrive
         self._body: list[bytes] = []
         self._body_size = 0
         self._queue: deque[HttpRequest] = deque()
@@ -226,7 +228,8 @@ class HttpConnection(asyncio.Protocol):
         self._header_count = 0
         self._body = []
         self._body_size = 0
-        self._reading, self._reading_since = "headers", time.monotonic()
+        self._began = time.monotonic()
+        self._reading, self._reading_since = "headers", self._began
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -266,6 +269,7 @@ class HttpConnection(asyncio.Protocol):
             headers=self._headers,
             body=body,
             keep_alive=self._parser.should_keep_alive(),
+            received_at=self._began,
         )
         self._body = []
         if self._inflight is not None or self._queue:
