@@ -390,6 +390,31 @@ def test_a_request_predicted_to_miss_the_slo_is_refused_at_once_and_counted():
     assert batcher.recorder.stats.fail.count == 1
 
 
+def test_the_queue_ahead_counts_at_the_rate_it_drains():
+    """The model takes 1 ms a request, but the event loop is busy 15 ms (decoding, say) before it gets
+    to each answer and starts the next: the queue drains at one request per 16 ms or so, not 1 ms. With
+    four requests still ahead and an SLO of 30 ms, the next one is refused; by the cost model alone
+    (4 x 1 ms ahead) it would have been admitted."""
+
+    async def main():
+        backend = FakeBackend(delay_s=0.001)
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=1), limits=QueueLimits(slo_s=0.030))
+        batcher.runner.cost.observe(1, 0.001)
+        futures = [submit(batcher, float(i)) for i in range(8)]
+        for future in futures[:4]:
+            await future
+            time.sleep(0.015)  # the loop busy elsewhere before it gets to the next answer
+        with pytest.raises(ServerBusy) as refused:
+            submit(batcher, 9.0)
+        await asyncio.gather(*futures)
+        return batcher, refused.value
+
+    batcher, refused = asyncio.run(main())
+    ahead_ms = float(re.search(r"queue ahead ([\d.]+) ms", str(refused)).group(1))
+    assert ahead_ms >= 4 * 15, str(refused)
+    assert batcher.runner.cost.estimate_s(1) < 0.015, "the model itself stayed fast"
+
+
 def test_the_slo_counts_from_when_the_request_began_to_arrive():
     """10 ms per request, SLO 35 ms, one running and one queued: the next would finish 30 ms from now.
     Read just now, it would be admitted (the queued one was); one whose body took 20 ms to arrive would
