@@ -113,7 +113,8 @@ class _SnapshotCollector(Collector):
         )
         cost = GaugeMetricFamily(
             PREFIX + "batch_cost_seconds",
-            "Learned time of a batch: part=per_batch (fixed cost of a call) + part=per_row x rows",
+            "Learned time of a batch: part=per_batch (fixed cost of a call) + part=per_row x rows; "
+            "part=drain_per_row: how fast the queue drained per row while work waited (0: not measured)",
             labels=["model", "version", "part"],
         )
         for model in models:
@@ -131,9 +132,10 @@ class _SnapshotCollector(Collector):
                 info.add_metric([*labels, gauges["backend"], gauges["execution_provider"]], 1.0)
                 for provider, share in gauges.get("ep_coverage", {}).items():
                     coverage.add_metric([*labels, provider], share)
-                per_row, per_batch = gauges["cost"]
+                per_row, per_batch, drain = gauges["cost"]
                 cost.add_metric([*labels, "per_row"], per_row)
                 cost.add_metric([*labels, "per_batch"], per_batch)
+                cost.add_metric([*labels, "drain_per_row"], drain)
         yield from (batches, queue_length, inflight, load, warmup, ready, info, coverage, cost)
         yield from _ladder_families(self._ladders)
         yield GaugeMetricFamily(

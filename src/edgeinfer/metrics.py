@@ -26,7 +26,8 @@ Exported, all prefixed ``edgeinfer_`` with units in the names:
     pipeline_step_duration_seconds{pipeline,step,model}      histogram: each pipeline step's own request
     pipeline_step_over_budget_total{pipeline,step,model}     step runs longer than the step's budget_ms
     requests_refused_total{model,version,reason}                 reason: queue_full, slo, deadline
-    batch_cost_seconds{model,version,part}                       the learned per_batch / per_row cost
+    batch_cost_seconds{model,version,part}                       the learned per_batch / per_row cost,
+                                                                 and the queue's drain_per_row
     model_degraded{model,fallback}                               workers routing to the fallback
     fallback_switches_total{model,fallback,direction}            direction: enter, exit
     fallback_window_p95_seconds{model}                           the p95 the ladder decides on
@@ -214,6 +215,7 @@ class VersionGauges:
     execution_provider: str = ""
     cost_per_row_s: float = 0.0  # the runner's learned batch time: per_batch + per_row * rows
     cost_per_batch_s: float = 0.0
+    drain_per_row_s: float = 0.0  # the queue's measured drain while work waited (admission reads it)
     ep_coverage: tuple[tuple[str, float], ...] = ()  # (provider, share of nodes), ONNX models
     file_bytes: int = 0  # the model file: residency estimates a version's memory from it
 
@@ -300,7 +302,7 @@ class Metrics:
                 "warmup_s": gauge.warmup_s,
                 "backend": gauge.backend,
                 "execution_provider": gauge.execution_provider,
-                "cost": [gauge.cost_per_row_s, gauge.cost_per_batch_s],
+                "cost": [gauge.cost_per_row_s, gauge.cost_per_batch_s, gauge.drain_per_row_s],
                 "ep_coverage": dict(gauge.ep_coverage),
                 "file_bytes": gauge.file_bytes,
             }

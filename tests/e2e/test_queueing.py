@@ -92,6 +92,10 @@ def test_a_full_queue_gets_429_at_once_with_retry_after(special_server):
         assert "'slow' version 1 has 4 requests queued, its limit (max_queue_size)" in reply.error
         assert int(reply.headers["retry-after"]) >= 1
     assert sorted(status for _, status in finished) == [200] * 5
+    # batches finished with work waiting: the queue's drain was measured (admission reads it)
+    assert stats(special_server, "slow")["batch_cost"]["drain_per_row_ns"] > 0
+    labels = {"model": "slow", "version": "1", "part": "drain_per_row"}
+    assert metric(scrape(port), "edgeinfer_batch_cost_seconds", **labels) > 0
 
 
 def test_an_expired_deadline_gets_504_and_is_never_run(special_server):

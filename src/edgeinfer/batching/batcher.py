@@ -142,6 +142,11 @@ class Batcher:
         return len(self._pending)
 
     @property
+    def drain_s_per_row(self) -> float:
+        """How fast the queue last drained while work waited, seconds per row (0: not yet measured)."""
+        return self._drain_s_per_row or 0.0
+
+    @property
     def outstanding(self) -> int:
         """Requests submitted and not yet answered (queued or in a running batch)."""
         return self._outstanding

@@ -378,6 +378,7 @@ class Registry:
                     inflight=serving.batcher.outstanding if serving else 0,
                     cost_per_row_s=serving.runner.cost.per_row_s if serving else 0.0,
                     cost_per_batch_s=serving.runner.cost.per_batch_s if serving else 0.0,
+                    drain_per_row_s=serving.batcher.drain_s_per_row if serving else 0.0,
                     file_bytes=serving.file_bytes if serving else 0,
                 )
             )
