@@ -295,7 +295,8 @@ class ModelConfig(_Frozen):
     @property
     def batches_ahead(self) -> int:
         """``prefetch_batches``, or its default: adaptive batching forms the next batch ahead whenever
-        merging does not pay (``policy.forms_ahead``), so the model never waits for the event loop."""
+        merging does not pay (``policy.forms_ahead``), so the model does not wait for the event loop
+        between batches."""
         if self.prefetch_batches is not None:
             return self.prefetch_batches
         return 1 if self.adaptive_batching else 0

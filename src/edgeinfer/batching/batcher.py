@@ -168,8 +168,8 @@ class Batcher:
         started yet. ``stream``: a request of that stream still queued is answered ``Superseded`` and
         not run (video-like streams want the newest frame, not every frame late). ``received_at``
         (``time.monotonic``): when the transport began receiving the request; its SLO counts from
-        then, not from now (at twice its sustainable rate, `cnn` JSON images took long enough to arrive
-        that admitted requests answered at p99 1.5-3 times the SLO when it counted from here).
+        then, not from now (a client's clock starts when it sends, and a large body takes a while to
+        arrive on a busy server).
         """
         if self._closed:
             raise ModelNotReady(f"model {self.name} is unloading and takes no new requests")
@@ -319,9 +319,9 @@ class Batcher:
         """How long until a request of ``priority`` would start: the rows queued ahead of it (at its
         priority or a higher one) and the batches now running, at the measured cost, shared by the
         runner's concurrent slots. Queued requests count as the batches they will run in: full ones
-        where they merge, one each where the adaptive policy runs them alone (merging does not pay).
-        Counted as full batches there, `cnn` over JSON at twice its sustainable rate queued twice what
-        its SLO allows: admitted requests answered at p99 1.6-1.8 times the SLO."""
+        where they merge, one each where the adaptive policy runs them alone (merging does not pay):
+        each pays the per-call cost. While the queue is draining, it counts at least at the rate it
+        drains (``_drained``)."""
         requests_ahead = rows_ahead = 0
         for level, (count, rows_queued) in self._queued.items():
             if level <= priority:

@@ -9,11 +9,11 @@ never blocks allow it (ONNX Runtime on the CPU); Python models never run inline.
 ``concurrency`` worker threads compute one batch each; up to ``prefetch`` more batches wait in the
 executor's queue, and a thread that finishes a batch takes the next one itself, at once, even if the
 event loop is busy decoding a large request just then. The same thread, not a second one woken for it:
-with the prefetched batch waiting in a thread of its own for a compute slot (a semaphore), the model
-ran 5-20 % slower under load (`cnn` over JSON at concurrency 8: 168-177 images/s with that
-prefetching, 177-188 without any, 211-216 with this; in-process ONNX Runtime 214). A woken thread
-waits for a core, lands on a cold one, or shares one with the event loop; a thread that never sleeps
-between batches does none of that.
+with the prefetched batch waiting in a thread of its own for a compute slot (a semaphore), the model's
+runs took 5.6-6.0 ms of wall time for 4.8-5.0 ms of CPU under load (the woken thread waited for a core)
+and `cnn` over JSON at concurrency 8 served 167-177 images/s with that prefetching, 177-189 without
+any, 211-216 with this (in-process ONNX Runtime: 214). A thread that does not sleep between batches
+does not wait to be scheduled again.
 """
 
 from __future__ import annotations
