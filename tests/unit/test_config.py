@@ -102,6 +102,7 @@ def test_paths_are_relative_to_the_config_file(tmp_path, model_file, monkeypatch
         ("models:\n  m: {model_path: m.onnx, slo: {p99: 50}}\n", "models.m.slo.p99"),
         ("server: {shutdown_delay_s: -1}\n", "server.shutdown_delay_s"),
         ("server: {idle_poll: maybe}\n", "server.idle_poll"),
+        ("models:\n  m: {model_path: m.onnx, prefetch_batches: -1}\n", "models.m.prefetch_batches"),
         (
             "models:\n  m: {model_path: m.onnx, fallback: {model: s, enter_p95_ms: 30, exit_p95_ms: 30}}\n",
             "exit_p95_ms (30) must be below enter_p95_ms (30)",
@@ -149,6 +150,18 @@ def test_adaptive_batching_unless_a_fixed_timeout_without_slo(tmp_path, model_fi
     assert [models[name].adaptive_batching for name in ("plain", "fixed", "both")] == [True, False, True]
     assert models["both"].slo is not None
     assert models["both"].slo.target_s == pytest.approx(0.040)
+    # adaptive batching forms the next batch ahead by default (while merging does not pay); fixed does not
+    assert [models[name].batches_ahead for name in ("plain", "fixed", "both")] == [1, 0, 1]
+
+
+def test_prefetch_batches_given_is_kept(tmp_path, model_file):
+    path = write(
+        tmp_path,
+        "models:\n  a: {model_path: m.onnx, prefetch_batches: 0}\n"
+        "  f: {model_path: m.onnx, batch_timeout_millis: 2, prefetch_batches: 2}\n",
+    )
+    models = load_config(path).models
+    assert (models["a"].batches_ahead, models["f"].batches_ahead) == (0, 2)
 
 
 def test_batch_timeout_aliases(tmp_path, model_file):
