@@ -144,7 +144,9 @@ def test_adaptive_batching_unless_a_fixed_timeout_without_slo(tmp_path, model_fi
     path = write(
         tmp_path,
         "models:\n  plain: {model_path: m.onnx}\n  fixed: {model_path: m.onnx, batch_timeout_millis: 2}\n"
-        "  both: {model_path: m.onnx, batch_timeout_millis: 2, slo: {p95_ms: 40}}\n",
+        "  both: {model_path: m.onnx, batch_timeout_millis: 2, slo: {p95_ms: 40}}\n"
+        "  a: {model_path: m.onnx, prefetch_batches: 0}\n"
+        "  f: {model_path: m.onnx, batch_timeout_millis: 2, prefetch_batches: 2}\n",
     )
     models = load_config(path).models
     assert [models[name].adaptive_batching for name in ("plain", "fixed", "both")] == [True, False, True]
@@ -152,16 +154,7 @@ def test_adaptive_batching_unless_a_fixed_timeout_without_slo(tmp_path, model_fi
     assert models["both"].slo.target_s == pytest.approx(0.040)
     # adaptive batching forms the next batch ahead by default (while merging does not pay); fixed does not
     assert [models[name].batches_ahead for name in ("plain", "fixed", "both")] == [1, 0, 1]
-
-
-def test_prefetch_batches_given_is_kept(tmp_path, model_file):
-    path = write(
-        tmp_path,
-        "models:\n  a: {model_path: m.onnx, prefetch_batches: 0}\n"
-        "  f: {model_path: m.onnx, batch_timeout_millis: 2, prefetch_batches: 2}\n",
-    )
-    models = load_config(path).models
-    assert (models["a"].batches_ahead, models["f"].batches_ahead) == (0, 2)
+    assert (models["a"].batches_ahead, models["f"].batches_ahead) == (0, 2)  # a given one is kept
 
 
 def test_batch_timeout_aliases(tmp_path, model_file):

@@ -343,7 +343,7 @@ class V2Routes:
             version,
             given_id.decode("latin-1") if given_id else None,
             _trace_headers(headers) if self.service.traced else None,
-            received_at=request.received_at or None,
+            received_at=request.received_at,
         )
         refusal = call.shed()
         if refusal is not None:

@@ -61,7 +61,7 @@ class HttpRequest:
     headers: dict[bytes, bytes]  # lower-cased names; a repeated header keeps its last value
     body: bytes
     keep_alive: bool
-    received_at: float = 0.0  # time.monotonic() when its first bytes were parsed (0: unknown)
+    received_at: float  # time.monotonic() when its first bytes arrived
 
 
 @dataclass(slots=True)
@@ -228,7 +228,7 @@ class HttpConnection(asyncio.Protocol):
         self._header_count = 0
         self._body = []
         self._body_size = 0
-        self._began = time.monotonic()
+        self._began = self.last_active  # (set as these bytes arrived: data_received)
         self._reading, self._reading_since = "headers", self._began
 
     def on_url(self, url: bytes) -> None:
