@@ -85,6 +85,11 @@ class FakeBackend:
             self._held = False
             self._lock.notify_all()
 
+    def hold(self) -> None:
+        """Calls from now on wait in the model until ``release()``."""
+        with self._lock:
+            self._held = True
+
     def rows_run(self) -> list[float]:
         return [float(value) for batch in self.batches for value in batch[:, 0]]
 

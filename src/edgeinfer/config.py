@@ -130,6 +130,11 @@ class SloConfig(_Frozen):
         """The time a request may take: the p99 objective if given (a p95 one otherwise)."""
         return (self.p99_ms if self.p99_ms is not None else self.p95_ms or 0.0) / 1000
 
+    @property
+    def quantile(self) -> float:
+        """The share of requests ``target_s`` is for: 0.99 for a p99 objective, 0.95 for a p95 one."""
+        return 0.99 if self.p99_ms is not None else 0.95
+
 
 class FallbackConfig(_Frozen):
     """The degradation ladder: while the model's sliding-window p95 stays above ``enter_p95_ms`` for

@@ -117,6 +117,12 @@ class _SnapshotCollector(Collector):
             "part=drain_per_row: how fast the queue drained per row while work waited (0: not measured)",
             labels=["model", "version", "part"],
         )
+        margin = GaugeMetricFamily(
+            PREFIX + "admission_margin_seconds",
+            "How much later than admission predicted recent requests of a model with an SLO finished, "
+            "at the SLO's quantile: admission adds it to every prediction (0: none late, or no SLO)",
+            labels=["model", "version"],
+        )
         for model in models:
             labels = [model["name"], model["version"]]
             batches.add_metric(labels, sum(model["batch_size"]["counts"]) if "batch_size" in model else 0)
@@ -136,7 +142,8 @@ class _SnapshotCollector(Collector):
                 cost.add_metric([*labels, "per_row"], per_row)
                 cost.add_metric([*labels, "per_batch"], per_batch)
                 cost.add_metric([*labels, "drain_per_row"], drain)
-        yield from (batches, queue_length, inflight, load, warmup, ready, info, coverage, cost)
+                margin.add_metric(labels, gauges.get("admission_margin_s", 0.0))
+        yield from (batches, queue_length, inflight, load, warmup, ready, info, coverage, cost, margin)
         yield from _ladder_families(self._ladders)
         yield GaugeMetricFamily(
             PREFIX + "event_loop_lag_seconds",

@@ -28,6 +28,7 @@ Exported, all prefixed ``edgeinfer_`` with units in the names:
     requests_refused_total{model,version,reason}                 reason: queue_full, slo, deadline
     batch_cost_seconds{model,version,part}                       the learned per_batch / per_row cost,
                                                                  and the queue's drain_per_row
+    admission_margin_seconds{model,version}                      how late predictions came (SLO quantile)
     model_degraded{model,fallback}                               workers routing to the fallback
     fallback_switches_total{model,fallback,direction}            direction: enter, exit
     fallback_window_p95_seconds{model}                           the p95 the ladder decides on
@@ -216,6 +217,7 @@ class VersionGauges:
     cost_per_row_s: float = 0.0  # the runner's learned batch time: per_batch + per_row * rows
     cost_per_batch_s: float = 0.0
     drain_per_row_s: float = 0.0  # the queue's measured drain while work waited (admission reads it)
+    admission_margin_s: float = 0.0  # how late predictions came, the SLO's quantile (admission adds it)
     ep_coverage: tuple[tuple[str, float], ...] = ()  # (provider, share of nodes), ONNX models
     file_bytes: int = 0  # the model file: residency estimates a version's memory from it
 
@@ -303,6 +305,7 @@ class Metrics:
                 "backend": gauge.backend,
                 "execution_provider": gauge.execution_provider,
                 "cost": [gauge.cost_per_row_s, gauge.cost_per_batch_s, gauge.drain_per_row_s],
+                "admission_margin_s": gauge.admission_margin_s,
                 "ep_coverage": dict(gauge.ep_coverage),
                 "file_bytes": gauge.file_bytes,
             }
@@ -466,6 +469,9 @@ def _add_model(into: dict[str, Any], entry: dict[str, Any]) -> None:
             mine["load_s"] = max(mine["load_s"], gauges["load_s"])
             mine["warmup_s"] = max(mine["warmup_s"], gauges["warmup_s"])
             mine["cost"] = [max(a, b) for a, b in zip(mine["cost"], gauges["cost"], strict=True)]
+            mine["admission_margin_s"] = max(
+                mine.get("admission_margin_s", 0.0), gauges.get("admission_margin_s", 0.0)
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -776,6 +776,7 @@ def _batch_cost(entry: ModelVersion) -> dict[str, Any]:
             "per_row_ns": int(cost.per_row_s * 1e9),
             "batches_observed": cost.observed,
             "drain_per_row_ns": int(entry.serving.batcher.drain_s_per_row * 1e9),  # admission reads it too
+            "admission_margin_ns": int(entry.serving.batcher.slo_margin_s * 1e9),  # and adds this
         }
     }
 

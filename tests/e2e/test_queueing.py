@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -213,8 +214,55 @@ def test_a_request_that_would_miss_the_slo_gets_429_at_once_with_retry_after(spe
     labels = {"model": "slow_slo", "version": "1"}
     assert metric(samples, "edgeinfer_requests_refused_total", **labels, reason="slo") == 2
     assert metric(samples, "edgeinfer_batch_cost_seconds", **labels, part="per_row") > 0, "the cost line"
+    assert metric(samples, "edgeinfer_admission_margin_seconds", **labels) >= 0, "exported"
+    assert stats(special_server, "slow_slo")["batch_cost"]["admission_margin_ns"] >= 0
     alone = request(port, "POST", "/v2/models/slow_slo/infer", slow_body(1))
     assert alone.status == 200, "with nothing ahead, a request is admitted whatever the SLO"
+
+
+def test_a_large_request_that_would_miss_the_slo_is_refused_before_its_body_arrives(
+    special_server, tmp_path: Path
+):
+    """A client uploading a body is answered 429 as soon as its headers arrive, while it still owes
+    most of the body; the rest is read and dropped and the connection serves its next request. curl
+    with ``Expect: 100-continue`` gets the 429 instead of the go-ahead and sends no body at all."""
+    port = special_server.port
+    body = orjson.dumps(slow_body(1))
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        running = pool.submit(request, port, "POST", "/v2/models/slow_slo/infer", slow_body(8))
+        wait_queue(port, "slow_slo", 0, 1)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            client.sendall(
+                b"POST /v2/models/slow_slo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body[:10]
+            )
+            early = client.recv(65536)
+            client.sendall(body[10:] + b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+            after = b""
+            while b'{"ready":true}' not in after:
+                chunk = client.recv(65536)
+                assert chunk, f"the server closed the connection; it sent {after!r}"
+                after += chunk
+        (tmp_path / "body.json").write_bytes(body)
+        curl = subprocess.run(
+            [
+                "curl", "-s", "-o", str(tmp_path / "answer.json"), "-w", "%{http_code} %{size_upload}",
+                "-H", "Expect: 100-continue", "-H", "Content-Type: application/json",
+                "--data-binary", f"@{tmp_path / 'body.json'}",
+                f"http://127.0.0.1:{port}/v2/models/slow_slo/infer",
+            ],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        refused_while_running = not running.done()
+        assert running.result().status == 200
+    assert early.startswith(b"HTTP/1.1 429"), early
+    assert b"it was refused before its body was read" in early
+    assert after.startswith(b"HTTP/1.1 200"), "the dropped body left the connection in step"
+    assert curl.stdout == "429 0", f"refused before it sent any body: {curl}"
+    assert "over its latency objective" in (tmp_path / "answer.json").read_text()
+    assert refused_while_running
 
 
 def test_drop_stale_answers_the_superseded_frame_409_and_runs_the_newest(special_server):

@@ -19,6 +19,7 @@ from functools import partial
 from typing import Protocol
 
 from edgeinfer.batching.lag import LoopLag
+from edgeinfer.batching.overrun import Overruns
 from edgeinfer.batching.policy import (
     HIGHEST_PRIORITY,
     BatchPolicy,
@@ -64,16 +65,19 @@ class _Job:
     work: Work
     future: asyncio.Future[Tensors]
     trace: RequestTrace | None
+    predicted: float | None = None  # when admission predicted it to finish (``overrun.py``)
 
 
 @dataclass(frozen=True, slots=True)
 class QueueLimits:
     """How much may wait: requests (not rows) before 429, and how long before 504. ``slo_s``: the time
-    a request may take (the model's latency objective): one predicted to take longer is refused (429)."""
+    a request may take (the model's latency objective): one predicted to take longer is refused (429);
+    ``slo_quantile``: the share of requests the objective is for (0.99 for a p99 one)."""
 
     max_queue_size: int = 512
     queue_timeout_s: float | None = None
     slo_s: float | None = None
+    slo_quantile: float = 0.99
 
 
 ARRIVAL_MEMORY = 0.9  # the mean gap between arrivals follows the last ten or so
@@ -135,6 +139,8 @@ class Batcher:
         self.last_submit = time.monotonic()  # when a request last came (residency reads it)
         self._lag = lag  # how far behind the loop runs: admission and the adaptive fast path read it
         self._refused_turn: tuple[int, ServerBusy] | None = None  # (turn, its refusal): refuse_unread
+        # how late admitted requests finished against their prediction: admission's margin
+        self._overruns = Overruns(limits.slo_quantile) if limits.slo_s is not None else None
         self._spans = spans
 
     @property
@@ -145,6 +151,11 @@ class Batcher:
     def drain_s_per_row(self) -> float:
         """How fast the queue last drained while work waited, seconds per row (0: not yet measured)."""
         return self._drain_s_per_row or 0.0
+
+    @property
+    def slo_margin_s(self) -> float:
+        """What admission adds to its predictions: the SLO's quantile of recent overruns (``overrun.py``)."""
+        return self._overruns.margin_s if self._overruns is not None else 0.0
 
     @property
     def outstanding(self) -> int:
@@ -193,15 +204,19 @@ class Batcher:
         due = None
         if self.limits.slo_s is not None:
             due = (received_at if received_at is not None and received_at < now else now) + self.limits.slo_s
+        predicted = None  # when it would finish, against the SLO (``overrun.py``)
         if (deadline is not None or due is not None) and (
             self._pending or self._running or (lag is not None and lag.lag_s)
         ):
-            self._admit(work.rows, priority, now, deadline, due)
+            predicted = self._admit(work.rows, priority, now, deadline, due)
+        elif due is not None:  # nothing ahead of it: its own batch
+            cost = self.runner.cost
+            predicted = now + cost.per_batch_s + cost.per_row_s * work.rows
         if stream is not None:
             self._supersede(stream)
         idle = not self._outstanding and not self._ran_this_turn and self._running < self.runner.capacity
         if idle and self._goes_alone(work.rows, due, now):
-            return self._run_alone(work, now, trace)
+            return self._run_alone(work, now, trace, predicted)
         future: asyncio.Future[Tensors] = self._loop.create_future()
         item = Pending(
             rows=work.rows,
@@ -210,7 +225,7 @@ class Batcher:
             priority=priority,
             deadline=deadline,
             sequence=next(self._sequence),
-            payload=_Job(work, future, trace),
+            payload=_Job(work, future, trace, predicted),
             due=due,
             stream=stream,
         )
@@ -226,7 +241,9 @@ class Batcher:
             self._loop.call_soon(self._flush)
         return future
 
-    def _run_alone(self, work: Work, now: float, trace: RequestTrace | None) -> asyncio.Future[Tensors]:
+    def _run_alone(
+        self, work: Work, now: float, trace: RequestTrace | None, predicted: float | None
+    ) -> asyncio.Future[Tensors]:
         """Nothing else in flight: no other request can join, so start now, without queueing. A fast
         model runs inline and the caller finds the future already done; the request is then counted
         here and now (the light-load path: every object and callback it skips is latency at
@@ -242,13 +259,13 @@ class Batcher:
             trace.queue_s, trace.batch_rows = 0.0, work.rows
         self._run([_Job(work, future, trace)], work.rows, now)
         if future.done():  # queue and runner are as they were: so is ``_idle``
-            self._answered(None, now, future)
+            self._answered(None, now, future, predicted)
             if not self._ran_this_turn:
                 self._ran_this_turn = True
                 self._loop.call_soon(self._turn_over)
         else:
             self._idle.clear()
-            future.add_done_callback(partial(self._answered, None, now))
+            future.add_done_callback(partial(self._answered, None, now, predicted=predicted))
         return future
 
     def _turn_over(self) -> None:
@@ -279,17 +296,20 @@ class Batcher:
         spare = max(0, self.runner.concurrency - self._running - 1)
         return Measured(cost.per_row_s, cost.per_batch_s, self._gap_s, spare)
 
-    def _admit(self, rows: int, priority: int, now: float, deadline: float | None, due: float | None) -> None:
+    def _admit(
+        self, rows: int, priority: int, now: float, deadline: float | None, due: float | None
+    ) -> float | None:
         """Refuse at once a request predicted to finish after its deadline (504: the client's timeout) or
         its due time (429: the SLO), rather than queue it to fail later. The prediction: the queued rows
         ahead of it (same or higher priority) and the batches now running, at the measured cost, shared
         by the runner's concurrent slots, then its own batch. Against the SLO the event loop's lag
-        counts too: the request waited about that long before it was read (``lag.py``); with nothing
-        queued, a request that would miss its SLO even without that wait is admitted (it cannot do
-        better)."""
+        counts too: the request waited about that long before it was read (``lag.py``), and so does
+        the margin by which recent predictions were late (``overrun.py``); with nothing queued, a
+        request that would miss its SLO even without those is admitted (it cannot do better).
+        Returns the finish predicted against the SLO (None without one), for its overrun."""
         measured = self.measured()
         if measured is None:
-            return
+            return None
         backlog_s = self._backlog_s(measured, priority)
         finish = now + backlog_s + measured.batch_s(rows)
         if deadline is not None and finish > deadline:
@@ -299,10 +319,13 @@ class Batcher:
                 f"ahead {backlog_s * 1000:.1f} ms), after its timeout of {(deadline - now) * 1000:.1f} ms; "
                 "it was refused at once and not run"
             )
-        lag_s = self._lag.lag_s if self._lag is not None and self.limits.slo_s is not None else 0.0
+        if due is None:
+            return None
+        lag_s = self._lag.lag_s if self._lag is not None else 0.0
+        margin_s = self.slo_margin_s
         own_s = measured.batch_s(rows)
         queued_behind = bool(self._pending or self._running)
-        if due is not None and finish + lag_s > due and (queued_behind or now + own_s <= due):
+        if finish + lag_s + margin_s > due and (queued_behind or now + own_s <= due):
             finish += lag_s
             self.recorder.refused("slo")
             slo_s = self.limits.slo_s or 0.0
@@ -310,10 +333,17 @@ class Batcher:
             raise ServerBusy(
                 f"model {self.name} is over its latency objective: this request would finish in "
                 f"{(finish - now + arrived) * 1000:.1f} ms (receiving it {arrived * 1000:.1f} ms, queue "
-                f"ahead {backlog_s * 1000:.1f} ms, server busy {lag_s * 1000:.1f} ms) against an SLO of "
-                f"{slo_s * 1000:.0f} ms; retry later",
+                f"ahead {backlog_s * 1000:.1f} ms, server busy {lag_s * 1000:.1f} ms)"
+                f"{self._margin_text(margin_s)} against an SLO of {slo_s * 1000:.0f} ms; retry later",
                 retry_after_s=backlog_s + lag_s,
             )
+        return finish + lag_s
+
+    def _margin_text(self, margin_s: float) -> str:
+        if not margin_s:
+            return ""
+        share = f"p{self.limits.slo_quantile * 100:g}"
+        return f", plus {margin_s * 1000:.1f} ms ({share} of how much later than predicted requests finished)"
 
     def _backlog_s(self, measured: Measured, priority: int) -> float:
         """How long until a request of ``priority`` would start: the rows queued ahead of it (at its
@@ -397,12 +427,17 @@ class Batcher:
             if lag is not None:
                 self._refused_turn = (lag.turns, refusal)
             return refusal
-        if queued_behind and (backlog_s := self._backlog_s(measured, HIGHEST_PRIORITY)) + own_s > slo_s:
+        if not queued_behind:
+            return None
+        backlog_s = self._backlog_s(measured, HIGHEST_PRIORITY)
+        margin_s = self.slo_margin_s
+        if backlog_s + own_s + margin_s > slo_s:
             self.recorder.refused("slo")
             return ServerBusy(
                 f"model {self.name} is over its latency objective: a request would finish in "
-                f"{(backlog_s + own_s) * 1000:.1f} ms (queue ahead {backlog_s * 1000:.1f} ms) against an "
-                f"SLO of {slo_s * 1000:.0f} ms; it was refused before its body was read; retry later",
+                f"{(backlog_s + own_s) * 1000:.1f} ms (queue ahead {backlog_s * 1000:.1f} ms)"
+                f"{self._margin_text(margin_s)} against an SLO of {slo_s * 1000:.0f} ms; it was refused "
+                "before its body was read; retry later",
                 retry_after_s=backlog_s,
             )
         return None
@@ -431,14 +466,26 @@ class Batcher:
 
     def _on_answered(self, item: Pending, future: asyncio.Future[Tensors]) -> None:
         """Count a queued request; if it was cancelled while queued, take it out of the queue."""
-        self._answered(item, item.enqueued_at, future)
+        self._answered(item, item.enqueued_at, future, item.payload.predicted)  # type: ignore[attr-defined]
 
-    def _answered(self, item: Pending | None, enqueued_at: float, future: asyncio.Future[Tensors]) -> None:
+    def _answered(
+        self,
+        item: Pending | None,
+        enqueued_at: float,
+        future: asyncio.Future[Tensors],
+        predicted: float | None = None,
+    ) -> None:
         """Count a request answered (or failed, or cancelled); ``item``: its place in the queue, None
-        for one that never queued (``_run_alone``)."""
+        for one that never queued (``_run_alone``). One answered with a prediction (it has an SLO)
+        reports how late it came against it (``overrun.py``): every such request, so that the margin
+        is the SLO's quantile over all of them, as the objective is."""
         self._outstanding -= 1
         cancelled = future.cancelled()
-        self.recorder.answered(not cancelled and future.exception() is None, time.monotonic() - enqueued_at)
+        now = time.monotonic()
+        ok = not cancelled and future.exception() is None
+        self.recorder.answered(ok, now - enqueued_at)
+        if ok and predicted is not None and self._overruns is not None:
+            self._overruns.add(now - predicted)
         if cancelled and item is not None and item in self._pending:
             self._remove([item])
             self._schedule(None)

@@ -281,6 +281,7 @@ class Registry:
             max_queue_size=config.max_queue_size,
             queue_timeout_s=config.queue_timeout_millis / 1000 if config.queue_timeout_millis else None,
             slo_s=config.slo.target_s if config.slo is not None else None,
+            slo_quantile=config.slo.quantile if config.slo is not None else 0.99,
         )
         batcher = Batcher(
             f"{source.name!r} version {source.version}",
@@ -379,6 +380,7 @@ class Registry:
                     cost_per_row_s=serving.runner.cost.per_row_s if serving else 0.0,
                     cost_per_batch_s=serving.runner.cost.per_batch_s if serving else 0.0,
                     drain_per_row_s=serving.batcher.drain_s_per_row if serving else 0.0,
+                    admission_margin_s=serving.batcher.slo_margin_s if serving else 0.0,
                     file_bytes=serving.file_bytes if serving else 0,
                 )
             )
