@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import ssl
+import subprocess
 import time
 import warnings
 from collections.abc import Iterator
@@ -307,6 +308,29 @@ def test_keys_are_never_logged_or_echoed_and_refusals_are_counted(secured: Serve
     assert metric(samples, "edgeinfer_auth_refusals_total", protocol="http", reason="forbidden") >= 1
     assert metric(samples, "edgeinfer_auth_refusals_total", protocol="grpc", reason="unauthenticated") >= 1
     assert "auth is OFF" not in log, "keys are configured: no warning"
+
+
+def test_an_upload_without_a_key_is_refused_before_its_body_and_counted_once(
+    secured: ServerProcess, pki: Pki, tmp_path: Path
+):
+    """curl sends ``Expect: 100-continue`` with a body over 1 MB: without a key it gets the 401 instead of
+    the go-ahead and uploads nothing."""
+    tls = pki.client_context()
+
+    def unauthenticated() -> float:
+        counted = scrape_tls(secured, tls).get("edgeinfer_auth_refusals_total", {})
+        return counted.get((("protocol", "http"), ("reason", "unauthenticated")), 0.0)
+
+    before = unauthenticated()
+    (tmp_path / "body.json").write_bytes(b"{" + b" " * (2 << 20) + b"}")
+    curl = subprocess.run(
+        ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{size_upload}", "--cacert",
+         str(pki.folder / "ca.pem"), "--data-binary", f"@{tmp_path / 'body.json'}",
+         f"https://127.0.0.1:{secured.port}/v2/models/simple/infer"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert curl.stdout == "401 0", curl
+    assert unauthenticated() == before + 1
 
 
 def scrape_tls(server: ServerProcess, tls: ssl.SSLContext) -> dict[str, dict[tuple, float]]:

@@ -262,7 +262,7 @@ class Server:
         )
         idle_poll = IdlePoll(self.service.registry.working) if server_config.idle_poll else None
         self._http = self._security.http_server(
-            routes, error_response, server_config.max_request_bytes, idle_poll
+            routes, error_response, server_config.max_request_bytes, idle_poll, routes.early
         )
         await self._http.start(http_socket)
         if grpc_port is not None:

@@ -334,10 +334,30 @@ class V2Routes:
             return _json(200, service.model_metadata(name, version))
         raise RouteNotFound(f"no route for {request.method} {request.path}")
 
-    def _infer(self, request: HttpRequest, name: str, version: str | None) -> Answer:
+    def early(self, head: HttpRequest) -> HttpResponse | None:
+        """The refusal of a request whose body is still arriving: one without the right API key, or an
+        inference request that would miss its model's SLO whatever the body says
+        (``InferenceCall.shed``); None for anything else, which is answered once it has arrived. A
+        large body takes the loop many reads to arrive on a busy server, and a refusal that waits for
+        all of them is neither immediate nor cheap (nor should a client without a key get to upload)."""
+        if self.guard.enabled:
+            try:
+                check_key(self.guard, head)
+            except EdgeInferError as error:
+                return response_for_error(error)
+        if head.method != "POST":
+            return None
+        route = _inference_route(head.path)
+        if route is None:
+            return None
+        call = self._call(head, *route)
+        refusal = call.shed()
+        return None if refusal is None else self._refused(refusal, call.outcome.request_id)
+
+    def _call(self, request: HttpRequest, name: str, version: str | None) -> InferenceCall:
         headers = request.headers
         given_id = headers.get(b"x-request-id")
-        call = self.service.call(
+        return self.service.call(
             "http",
             name,
             version,
@@ -345,6 +365,10 @@ class V2Routes:
             _trace_headers(headers) if self.service.traced else None,
             received_at=request.received_at,
         )
+
+    def _infer(self, request: HttpRequest, name: str, version: str | None) -> Answer:
+        headers = request.headers
+        call = self._call(request, name, version)
         refusal = call.shed()
         if refusal is not None:
             return self._refused(refusal, call.outcome.request_id)
@@ -433,6 +457,20 @@ def _per_model_setting(
         raise MethodNotAllowed(request.method, "PUT, DELETE")
     document = json_codec.loads_object(request.body, "request body")
     return _when_done(setter(parts[2], document), lambda _: _json(200, {key: listing()}))
+
+
+def _inference_route(path: str) -> tuple[str, str | None] | None:
+    """(model, version) of an inference path (``/v2/models/{m}[/versions/{v}]/infer``, ``/v1/models/
+    {m}[/versions/{v}]/predict``), else None."""
+    parts = path.strip("/").split("/")
+    if len(parts) == 4 and (parts[0], parts[1], parts[3]) in _INFERENCE:
+        return parts[2], None
+    if len(parts) == 6 and parts[3] == "versions" and (parts[0], parts[1], parts[5]) in _INFERENCE:
+        return parts[2], parts[4]
+    return None
+
+
+_INFERENCE = {("v2", "models", "infer"), ("v1", "models", "predict")}
 
 
 def _trace_headers(headers: dict[bytes, bytes]) -> tuple[str, str | None] | None:

@@ -9,7 +9,8 @@ that future is cancelled, so a request still queued for a batch is dropped.
 
 What it does: keep-alive and pipelining (answered in order, reading paused while a request is pending),
 Content-Length and chunked bodies, ``Expect: 100-continue``, TLS (an ``ssl.SSLContext`` given to the
-server), a graceful shutdown that lets in-flight requests finish, and the hard limits of ``HttpLimits``:
+server), an early answer from a request's head while its body still arrives (``EarlyHandler``), a
+graceful shutdown that lets in-flight requests finish, and the hard limits of ``HttpLimits``:
 body size (checked on the declared length before reading and on the running total while reading),
 header size and count, slow clients (the headers and the body each have a deadline: a client that
 trickles bytes is answered 408 and closed), idle keep-alive connections, and open connections. Every
@@ -87,6 +88,11 @@ class Deferred:
 
 Answer: TypeAlias = "HttpResponse | asyncio.Future[HttpResponse] | Deferred"
 Handler = Callable[[HttpRequest], Answer]
+EarlyHandler = Callable[[HttpRequest], HttpResponse | None]
+"""Asked about a request whose body is still arriving, given its head (``body`` empty): a response
+refuses it now, and the rest of its body is read and dropped; None lets it arrive and go to the
+handler. A server refusing work it cannot do in time answers a large upload when its headers come,
+not after the whole body has been read (and the client of ``Expect: 100-continue`` then sends none)."""
 ErrorResponder = Callable[[int, str], HttpResponse]
 RefusalCounter = Callable[[str], None]
 
@@ -118,6 +124,11 @@ def encode_response(response: HttpResponse, keep_alive: bool) -> bytes:
     return b"".join(head)
 
 
+def _path_of(url: bytes) -> str:
+    parsed = httptools.parse_url(url) if url else None
+    return (parsed.path if parsed is not None else b"/").decode("utf-8", "replace")
+
+
 def _describe(request: HttpRequest | None) -> str:
     return f"{request.method} {request.path}" if request is not None else "a request"
 
@@ -137,12 +148,14 @@ class ServerState:
         limits: HttpLimits,
         on_refused: RefusalCounter,
         idle_poll: IdlePoll | None = None,
+        early: EarlyHandler | None = None,
     ) -> None:
         self.handler = handler
         self.on_error = on_error
         self.limits = limits
         self.on_refused = on_refused
         self.idle_poll = idle_poll
+        self.early = early
         self.pending = 0
         self.connections: set[HttpConnection] = set()
         self.all_closed: asyncio.Event | None = None  # set by stop(); fires when the last connection closes
@@ -166,6 +179,8 @@ class HttpConnection(asyncio.Protocol):
         self._began = 0.0  # when the request being read began to arrive
         self._body: list[bytes] = []
         self._body_size = 0
+        self._asked_early = False  # the early handler was asked about the request being read
+        self._dropping = False  # it was answered early: the rest of its body is dropped
         self._queue: deque[HttpRequest] = deque()
         self._inflight: asyncio.Future[Any] | None = None
         self._inflight_request: HttpRequest | None = None
@@ -209,6 +224,8 @@ class HttpConnection(asyncio.Protocol):
             return  # lingering after a refusal: the rest of the request is read and dropped
         try:
             self._parser.feed_data(data)
+            if self._reading == "body" and not self._asked_early and self._state.early is not None:
+                self._answer_early()  # (a body that came with its headers was handed on whole by now)
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not supported")
         except (httptools.HttpParserError, _Refused) as exc:
@@ -228,6 +245,7 @@ class HttpConnection(asyncio.Protocol):
         self._header_count = 0
         self._body = []
         self._body_size = 0
+        self._asked_early = self._dropping = False
         self._began = self.last_active  # (set as these bytes arrived: data_received)
         self._reading, self._reading_since = "headers", self._began
 
@@ -250,9 +268,13 @@ class HttpConnection(asyncio.Protocol):
         if declared is not None and declared.isdigit() and int(declared) > self._state.limits.max_body_bytes:
             self._refuse(413, self._too_large_message(int(declared)), "body_size")
         if self._headers.get(b"expect", b"").lower() == b"100-continue" and self._transport is not None:
+            if self._state.early is not None and self._answer_early(expecting=True):
+                return
             self._transport.write(_CONTINUE)
 
     def on_body(self, body: bytes) -> None:
+        if self._dropping:
+            return
         self._body_size += len(body)
         if self._body_size > self._state.limits.max_body_bytes:
             self._refuse(413, self._too_large_message(self._body_size), "body_size")
@@ -260,6 +282,9 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._reading = None
+        if self._dropping:  # answered early
+            self._dropping = False
+            return
         url = httptools.parse_url(self._url) if self._url else None
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         request = HttpRequest(
@@ -279,6 +304,40 @@ class HttpConnection(asyncio.Protocol):
             self._dispatch(request)
 
     # ---- requests and responses ----
+
+    def _answer_early(self, expecting: bool = False) -> bool:
+        """Ask the early handler about the request whose body is still to come; write its answer, if
+        any, and drop the body (True). Only while nothing earlier on this connection awaits its
+        answer: answers go out in order. A client that expects ``100 Continue`` sends no body after
+        another answer, or may not: that connection is answered and closed, as it cannot stay in step;
+        so is one the client asked to close."""
+        self._asked_early = True
+        early = self._state.early
+        if early is None or self.busy or self._closing:
+            return False
+        head = HttpRequest(
+            method=self._parser.get_method().decode("ascii", "replace"),
+            path=_path_of(self._url),
+            query=b"",
+            headers=self._headers,
+            body=b"",
+            keep_alive=self._parser.should_keep_alive(),
+            received_at=self._began,
+        )
+        try:
+            response = early(head)
+        except Exception:  # the early handler maps every expected error itself; this is a bug
+            log.exception("unhandled error answering %s early", _describe(head))
+            return False
+        if response is None:
+            return False
+        self._dropping = True
+        self._body = []
+        if expecting or not head.keep_alive:
+            self._fail_with(response)
+        else:
+            self._write(head, response)
+        return True
 
     def _dispatch(self, request: HttpRequest) -> None:
         try:
@@ -340,17 +399,20 @@ class HttpConnection(asyncio.Protocol):
             state.idle_poll.idle()
 
     def _fail(self, status: int, message: str) -> None:
-        """Answer a request that cannot be parsed or read, then close: the stream is out of step.
+        """Answer a request that cannot be parsed or read, then close: the stream is out of step."""
+        self._fail_with(self._state.on_error(status, message))
 
-        The close lingers: the client may still be sending the body it was refused for, and closing at
-        once would reset the connection before it reads the answer. So the write side is shut, what
-        still arrives is dropped, and the socket closes when the client does or after LINGER_S.
+    def _fail_with(self, response: HttpResponse) -> None:
+        """Answer and close. The close lingers: the client may still be sending the body it was refused
+        for, and closing at once would reset the connection before it reads the answer. So the write
+        side is shut, what still arrives is dropped, and the socket closes when the client does or
+        after LINGER_S.
         """
         transport = self._transport
         if transport is None or self._closing:
             return
         self._closing = True
-        transport.write(encode_response(self._state.on_error(status, message), keep_alive=False))
+        transport.write(encode_response(response, keep_alive=False))
         if transport.can_write_eof():
             transport.write_eof()
             asyncio.get_running_loop().call_later(LINGER_S, transport.close)
@@ -435,8 +497,9 @@ class HttpServer:
         ssl_context: ssl.SSLContext | None = None,
         on_refused: RefusalCounter = _no_count,
         idle_poll: IdlePoll | None = None,
+        early: EarlyHandler | None = None,
     ) -> None:
-        self._state = ServerState(handler, on_error, limits, on_refused, idle_poll)
+        self._state = ServerState(handler, on_error, limits, on_refused, idle_poll, early)
         self._ssl = ssl_context
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None

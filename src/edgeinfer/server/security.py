@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from edgeinfer.config import ServerConfig
 from edgeinfer.metrics import Metrics
 from edgeinfer.server.auth import Guard, KeyRing, is_loopback
-from edgeinfer.server.http_protocol import ErrorResponder, Handler, HttpLimits, HttpServer
+from edgeinfer.server.http_protocol import EarlyHandler, ErrorResponder, Handler, HttpLimits, HttpServer
 from edgeinfer.server.idle_poll import IdlePoll
 from edgeinfer.server.tls import TlsFiles
 
@@ -46,6 +46,7 @@ class Security:
         on_error: ErrorResponder,
         max_body_bytes: int,
         idle_poll: IdlePoll | None = None,
+        early: EarlyHandler | None = None,
     ) -> HttpServer:
         limits = self.config.limits
         return HttpServer(
@@ -63,6 +64,7 @@ class Security:
             ssl_context=self.tls.http_context() if self.tls is not None else None,
             on_refused=self._metrics.limit_refused,
             idle_poll=idle_poll,
+            early=early,
         )
 
     def grpc_credentials(self) -> grpc.ServerCredentials | None:
