@@ -119,8 +119,8 @@ class _SnapshotCollector(Collector):
         )
         margin = GaugeMetricFamily(
             PREFIX + "admission_margin_seconds",
-            "How much later than admission predicted recent requests of a model with an SLO finished, "
-            "at the SLO's quantile: admission adds it to every prediction (0: none late, or no SLO)",
+            "What admission adds to every prediction of a model with an SLO: it grows while more "
+            "requests miss the SLO than its quantile allows, and shrinks while fewer do",
             labels=["model", "version"],
         )
         for model in models:

@@ -28,7 +28,7 @@ Exported, all prefixed ``edgeinfer_`` with units in the names:
     requests_refused_total{model,version,reason}                 reason: queue_full, slo, deadline
     batch_cost_seconds{model,version,part}                       the learned per_batch / per_row cost,
                                                                  and the queue's drain_per_row
-    admission_margin_seconds{model,version}                      how late predictions came (SLO quantile)
+    admission_margin_seconds{model,version}                      what admission adds to its predictions
     model_degraded{model,fallback}                               workers routing to the fallback
     fallback_switches_total{model,fallback,direction}            direction: enter, exit
     fallback_window_p95_seconds{model}                           the p95 the ladder decides on
@@ -217,7 +217,7 @@ class VersionGauges:
     cost_per_row_s: float = 0.0  # the runner's learned batch time: per_batch + per_row * rows
     cost_per_batch_s: float = 0.0
     drain_per_row_s: float = 0.0  # the queue's measured drain while work waited (admission reads it)
-    admission_margin_s: float = 0.0  # how late predictions came, the SLO's quantile (admission adds it)
+    admission_margin_s: float = 0.0  # what admission adds to its predictions (margin.py)
     ep_coverage: tuple[tuple[str, float], ...] = ()  # (provider, share of nodes), ONNX models
     file_bytes: int = 0  # the model file: residency estimates a version's memory from it
 

@@ -142,3 +142,26 @@ def test_no_early_answer_jumps_ahead_of_an_answer_still_owed_on_the_connection()
     assert first[2] == b"first"
     assert second[0] == 200
     assert second[2] == b"0123456789", "it went the ordinary way"
+
+
+def test_a_dropped_body_is_still_held_to_the_size_limit():
+    """Refused early, a chunked body that goes on past ``max_body_bytes`` gets no second answer: the
+    connection is closed."""
+
+    async def scenario(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: Recorder) -> Any:
+        writer.write(b"POST /busy HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n01234\r\n")
+        refused = await response(reader)
+        chunk = b"%x\r\n" % (64 * 1024) + b"x" * (64 * 1024) + b"\r\n"
+        try:
+            for _ in range(20):  # 1.25 MB, over the 1 MB limit
+                writer.write(chunk)
+                await writer.drain()
+            rest = await asyncio.wait_for(reader.read(), 5)
+        except ConnectionError:
+            rest = b""  # closed while still sending: reset
+        return refused, rest
+
+    (refused, rest), recorder = serve(scenario)
+    assert refused[0] == 429
+    assert rest == b"", "closed without another answer"
+    assert recorder.handled == []

@@ -19,7 +19,7 @@ from functools import partial
 from typing import Protocol
 
 from edgeinfer.batching.lag import LoopLag
-from edgeinfer.batching.overrun import Overruns
+from edgeinfer.batching.margin import SloMargin
 from edgeinfer.batching.policy import (
     HIGHEST_PRIORITY,
     BatchPolicy,
@@ -65,7 +65,6 @@ class _Job:
     work: Work
     future: asyncio.Future[Tensors]
     trace: RequestTrace | None
-    predicted: float | None = None  # when admission predicted it to finish (``overrun.py``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +138,8 @@ class Batcher:
         self.last_submit = time.monotonic()  # when a request last came (residency reads it)
         self._lag = lag  # how far behind the loop runs: admission and the adaptive fast path read it
         self._refused_turn: tuple[int, ServerBusy] | None = None  # (turn, its refusal): refuse_unread
-        # how late admitted requests finished against their prediction: admission's margin
-        self._overruns = Overruns(limits.slo_quantile) if limits.slo_s is not None else None
+        # what admission adds to its predictions, steered by the share of requests missing the SLO
+        self._margin = SloMargin(limits.slo_s, limits.slo_quantile) if limits.slo_s is not None else None
         self._spans = spans
 
     @property
@@ -154,8 +153,8 @@ class Batcher:
 
     @property
     def slo_margin_s(self) -> float:
-        """What admission adds to its predictions: the SLO's quantile of recent overruns (``overrun.py``)."""
-        return self._overruns.margin_s if self._overruns is not None else 0.0
+        """What admission adds to its predictions (``margin.py``)."""
+        return self._margin.margin_s if self._margin is not None else 0.0
 
     @property
     def outstanding(self) -> int:
@@ -204,19 +203,15 @@ class Batcher:
         due = None
         if self.limits.slo_s is not None:
             due = (received_at if received_at is not None and received_at < now else now) + self.limits.slo_s
-        predicted = None  # when it would finish, against the SLO (``overrun.py``)
         if (deadline is not None or due is not None) and (
             self._pending or self._running or (lag is not None and lag.lag_s)
         ):
-            predicted = self._admit(work.rows, priority, now, deadline, due)
-        elif due is not None:  # nothing ahead of it: its own batch
-            cost = self.runner.cost
-            predicted = now + cost.per_batch_s + cost.per_row_s * work.rows
+            self._admit(work.rows, priority, now, deadline, due)
         if stream is not None:
             self._supersede(stream)
         idle = not self._outstanding and not self._ran_this_turn and self._running < self.runner.capacity
         if idle and self._goes_alone(work.rows, due, now):
-            return self._run_alone(work, now, trace, predicted)
+            return self._run_alone(work, now, trace, due)
         future: asyncio.Future[Tensors] = self._loop.create_future()
         item = Pending(
             rows=work.rows,
@@ -225,7 +220,7 @@ class Batcher:
             priority=priority,
             deadline=deadline,
             sequence=next(self._sequence),
-            payload=_Job(work, future, trace, predicted),
+            payload=_Job(work, future, trace),
             due=due,
             stream=stream,
         )
@@ -242,7 +237,7 @@ class Batcher:
         return future
 
     def _run_alone(
-        self, work: Work, now: float, trace: RequestTrace | None, predicted: float | None
+        self, work: Work, now: float, trace: RequestTrace | None, due: float | None
     ) -> asyncio.Future[Tensors]:
         """Nothing else in flight: no other request can join, so start now, without queueing. A fast
         model runs inline and the caller finds the future already done; the request is then counted
@@ -259,13 +254,13 @@ class Batcher:
             trace.queue_s, trace.batch_rows = 0.0, work.rows
         self._run([_Job(work, future, trace)], work.rows, now)
         if future.done():  # queue and runner are as they were: so is ``_idle``
-            self._answered(None, now, future, predicted)
+            self._answered(None, now, future, due)
             if not self._ran_this_turn:
                 self._ran_this_turn = True
                 self._loop.call_soon(self._turn_over)
         else:
             self._idle.clear()
-            future.add_done_callback(partial(self._answered, None, now, predicted=predicted))
+            future.add_done_callback(partial(self._answered, None, now, due=due))
         return future
 
     def _turn_over(self) -> None:
@@ -296,20 +291,18 @@ class Batcher:
         spare = max(0, self.runner.concurrency - self._running - 1)
         return Measured(cost.per_row_s, cost.per_batch_s, self._gap_s, spare)
 
-    def _admit(
-        self, rows: int, priority: int, now: float, deadline: float | None, due: float | None
-    ) -> float | None:
+    def _admit(self, rows: int, priority: int, now: float, deadline: float | None, due: float | None) -> None:
         """Refuse at once a request predicted to finish after its deadline (504: the client's timeout) or
         its due time (429: the SLO), rather than queue it to fail later. The prediction: the queued rows
         ahead of it (same or higher priority) and the batches now running, at the measured cost, shared
         by the runner's concurrent slots, then its own batch. Against the SLO the event loop's lag
         counts too: the request waited about that long before it was read (``lag.py``), and so does
-        the margin by which recent predictions were late (``overrun.py``); with nothing queued, a
-        request that would miss its SLO even without those is admitted (it cannot do better).
-        Returns the finish predicted against the SLO (None without one), for its overrun."""
+        the margin that keeps the share of requests missing the SLO to the one allowed
+        (``margin.py``); with nothing queued, a request that would miss its SLO even without those is
+        admitted (it cannot do better)."""
         measured = self.measured()
         if measured is None:
-            return None
+            return
         backlog_s = self._backlog_s(measured, priority)
         finish = now + backlog_s + measured.batch_s(rows)
         if deadline is not None and finish > deadline:
@@ -320,7 +313,7 @@ class Batcher:
                 "it was refused at once and not run"
             )
         if due is None:
-            return None
+            return
         lag_s = self._lag.lag_s if self._lag is not None else 0.0
         margin_s = self.slo_margin_s
         own_s = measured.batch_s(rows)
@@ -337,13 +330,14 @@ class Batcher:
                 f"{self._margin_text(margin_s)} against an SLO of {slo_s * 1000:.0f} ms; retry later",
                 retry_after_s=backlog_s + lag_s,
             )
-        return finish + lag_s
 
     def _margin_text(self, margin_s: float) -> str:
         if not margin_s:
             return ""
-        share = f"p{self.limits.slo_quantile * 100:g}"
-        return f", plus {margin_s * 1000:.1f} ms ({share} of how much later than predicted requests finished)"
+        missing = f"{(1 - self.limits.slo_quantile) * 100:g} %"
+        return (
+            f", plus a margin of {margin_s * 1000:.1f} ms (what keeps the requests missing it to {missing})"
+        )
 
     def _backlog_s(self, measured: Measured, priority: int) -> float:
         """How long until a request of ``priority`` would start: the rows queued ahead of it (at its
@@ -466,26 +460,25 @@ class Batcher:
 
     def _on_answered(self, item: Pending, future: asyncio.Future[Tensors]) -> None:
         """Count a queued request; if it was cancelled while queued, take it out of the queue."""
-        self._answered(item, item.enqueued_at, future, item.payload.predicted)  # type: ignore[attr-defined]
+        self._answered(item, item.enqueued_at, future, item.due)
 
     def _answered(
         self,
         item: Pending | None,
         enqueued_at: float,
         future: asyncio.Future[Tensors],
-        predicted: float | None = None,
+        due: float | None = None,
     ) -> None:
         """Count a request answered (or failed, or cancelled); ``item``: its place in the queue, None
-        for one that never queued (``_run_alone``). One answered with a prediction (it has an SLO)
-        reports how late it came against it (``overrun.py``): every such request, so that the margin
-        is the SLO's quantile over all of them, as the objective is."""
+        for one that never queued (``_run_alone``). One answered with an SLO (``due``) steers the
+        admission margin: it made its SLO or missed it (``margin.py``)."""
         self._outstanding -= 1
         cancelled = future.cancelled()
         now = time.monotonic()
         ok = not cancelled and future.exception() is None
         self.recorder.answered(ok, now - enqueued_at)
-        if ok and predicted is not None and self._overruns is not None:
-            self._overruns.add(now - predicted)
+        if ok and due is not None and self._margin is not None:
+            self._margin.answered(now > due)
         if cancelled and item is not None and item in self._pending:
             self._remove([item])
             self._schedule(None)

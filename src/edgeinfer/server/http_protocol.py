@@ -273,12 +273,15 @@ class HttpConnection(asyncio.Protocol):
             self._transport.write(_CONTINUE)
 
     def on_body(self, body: bytes) -> None:
-        if self._dropping:
-            return
         self._body_size += len(body)
         if self._body_size > self._state.limits.max_body_bytes:
+            if self._dropping:  # answered already: no second answer, but no endless body either
+                self._state.on_refused("body_size")
+                self._close()
+                return
             self._refuse(413, self._too_large_message(self._body_size), "body_size")
-        self._body.append(body)
+        if not self._dropping:
+            self._body.append(body)
 
     def on_message_complete(self) -> None:
         self._reading = None
