@@ -621,10 +621,10 @@ def test_higher_priority_is_admitted_where_lower_priority_is_refused():
 
 
 def test_admission_adds_a_margin_while_requests_miss_their_slo():
-    """Requests miss their 4 ms SLO (the event loop is busy 5 ms before it gets to each answer, whatever
+    """Requests miss their 10 ms SLO (the event loop is busy 12 ms before it gets to each answer, whatever
     the model's cost): the margin grows with each miss, and a request predicted to finish well within
     its SLO behind the one running is refused for it. Requests in time bring it back down."""
-    slo_s = 0.004
+    slo_s = 0.010
     misses = math.ceil(1 / (margin.GAIN * 0.99)) + 1  # enough to take the margin to the whole SLO
 
     async def main():
@@ -634,14 +634,14 @@ def test_admission_adds_a_margin_while_requests_miss_their_slo():
         )
         for i in range(misses):
             answer = submit(batcher, float(i))
-            time.sleep(0.005)  # the loop busy elsewhere before it gets to the answer
+            time.sleep(0.012)  # the loop busy elsewhere before it gets to the answer
             await answer
         late_margin_s = batcher.slo_margin_s
         backend.hold()
         running = submit(batcher, 100.0)
         try:
             await entered(backend, misses + 1)
-            with pytest.raises(ServerBusy, match=r"plus a margin of 4\.0 ms") as refused:
+            with pytest.raises(ServerBusy, match=r"plus a margin of 10\.0 ms") as refused:
                 submit(batcher, 101.0)
         finally:
             backend.release()
@@ -653,7 +653,7 @@ def test_admission_adds_a_margin_while_requests_miss_their_slo():
     batcher, late_margin_s, refused = asyncio.run(main())
     assert late_margin_s == pytest.approx(slo_s)
     predicted_ms = float(re.search(r"would finish in ([\d.]+) ms", str(refused)).group(1))
-    assert predicted_ms < 2, "without the margin it was predicted in time"
+    assert predicted_ms < 5, "without the margin it was predicted in time"
     assert batcher.recorder.metrics.refused == {"slo": 1}
     assert batcher.slo_margin_s < late_margin_s, "requests in time brought the margin down"
 
