@@ -6,8 +6,10 @@ import http.client
 import socket
 import subprocess
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import onnxruntime as ort
@@ -24,6 +26,8 @@ from tests.support import (
     wait_for,
     wait_queue,
 )
+
+T = TypeVar("T")
 
 
 def stats(server: ServerProcess, model: str) -> dict:
@@ -220,17 +224,35 @@ def test_a_request_that_would_miss_the_slo_gets_429_at_once_with_retry_after(spe
     assert alone.status == 200, "with nothing ahead, a request is admitted whatever the SLO"
 
 
-def test_a_large_request_that_would_miss_the_slo_is_refused_before_its_body_arrives(
-    special_server, tmp_path: Path
-):
-    """A client uploading a body is answered 429 as soon as its headers arrive, while it still owes
-    most of the body; the rest is read and dropped and the connection serves its next request. curl
-    with ``Expect: 100-continue`` gets the 429 instead of the go-ahead and sends no body at all."""
-    port = special_server.port
-    body = orjson.dumps(slow_body(1))
+def _while_slow_slo_runs(port: int, action: Callable[[], T]) -> T:
+    """``action()`` while a batch of ``slow_slo`` runs (0.8 s): any request queued behind it misses."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         running = pool.submit(request, port, "POST", "/v2/models/slow_slo/infer", slow_body(8))
         wait_queue(port, "slow_slo", 0, 1)
+        result = action()
+        assert not running.done(), "the batch was still running: the answers are its queue's"
+        assert running.result().status == 200
+    return result
+
+
+def _read_response(client: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += client.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(rest) < length:
+        rest += client.recv(65536)
+    return head + b"\r\n\r\n" + rest
+
+
+def test_a_request_that_would_miss_the_slo_is_refused_before_its_body_arrives(special_server):
+    """A client uploading a body is answered 429 as soon as its headers arrive, while it still owes
+    most of the body; the rest is read and dropped and the connection serves its next request."""
+    port = special_server.port
+    body = orjson.dumps(slow_body(1))
+
+    def upload() -> tuple[bytes, bytes]:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
             client.sendall(
                 b"POST /v2/models/slow_slo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
@@ -238,15 +260,23 @@ def test_a_large_request_that_would_miss_the_slo_is_refused_before_its_body_arri
                 + b"\r\n\r\n"
                 + body[:10]
             )
-            early = client.recv(65536)
+            early = _read_response(client)  # while it still owes the rest of the body
             client.sendall(body[10:] + b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
-            after = b""
-            while b'{"ready":true}' not in after:
-                chunk = client.recv(65536)
-                assert chunk, f"the server closed the connection; it sent {after!r}"
-                after += chunk
-        (tmp_path / "body.json").write_bytes(body)
-        curl = subprocess.run(
+            return early, _read_response(client)
+
+    early, after = _while_slow_slo_runs(port, upload)
+    assert early.startswith(b"HTTP/1.1 429"), early
+    assert b"it was refused before its body was read" in early
+    assert after.startswith(b"HTTP/1.1 200"), "the dropped body left the connection in step"
+    assert after.endswith(b'{"ready":true}')
+
+
+def test_curl_expecting_100_continue_gets_the_refusal_and_sends_no_body(special_server, tmp_path: Path):
+    port = special_server.port
+    (tmp_path / "body.json").write_bytes(orjson.dumps(slow_body(1)))
+
+    def upload() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
             [
                 "curl", "-s", "-o", str(tmp_path / "answer.json"), "-w", "%{http_code} %{size_upload}",
                 "-H", "Expect: 100-continue", "-H", "Content-Type: application/json",
@@ -255,14 +285,10 @@ def test_a_large_request_that_would_miss_the_slo_is_refused_before_its_body_arri
             ],
             capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
-        refused_while_running = not running.done()
-        assert running.result().status == 200
-    assert early.startswith(b"HTTP/1.1 429"), early
-    assert b"it was refused before its body was read" in early
-    assert after.startswith(b"HTTP/1.1 200"), "the dropped body left the connection in step"
+
+    curl = _while_slow_slo_runs(port, upload)
     assert curl.stdout == "429 0", f"refused before it sent any body: {curl}"
     assert "over its latency objective" in (tmp_path / "answer.json").read_text()
-    assert refused_while_running
 
 
 def test_drop_stale_answers_the_superseded_frame_409_and_runs_the_newest(special_server):
