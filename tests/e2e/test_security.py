@@ -324,12 +324,13 @@ def test_an_upload_without_a_key_is_refused_before_its_body_and_counted_once(
     before = unauthenticated()
     (tmp_path / "body.json").write_bytes(b"{" + b" " * (2 << 20) + b"}")
     curl = subprocess.run(
-        ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{size_upload}", "--cacert",
+        ["curl", "-s", "-o", str(tmp_path / "answer.json"), "-w", "%{http_code} %{size_upload}", "--cacert",
          str(pki.folder / "ca.pem"), "--data-binary", f"@{tmp_path / 'body.json'}",
          f"https://127.0.0.1:{secured.port}/v2/models/simple/infer"],
         capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip
     assert curl.stdout == "401 0", curl
+    assert "this route needs an API key" in (tmp_path / "answer.json").read_text()
     assert unauthenticated() == before + 1
 
 
