@@ -142,7 +142,7 @@ class _SnapshotCollector(Collector):
                 cost.add_metric([*labels, "per_row"], per_row)
                 cost.add_metric([*labels, "per_batch"], per_batch)
                 cost.add_metric([*labels, "drain_per_row"], drain)
-                margin.add_metric(labels, gauges.get("admission_margin_s", 0.0))
+                margin.add_metric(labels, gauges["admission_margin_s"])
         yield from (batches, queue_length, inflight, load, warmup, ready, info, coverage, cost, margin)
         yield from _ladder_families(self._ladders)
         yield GaugeMetricFamily(

@@ -469,9 +469,7 @@ def _add_model(into: dict[str, Any], entry: dict[str, Any]) -> None:
             mine["load_s"] = max(mine["load_s"], gauges["load_s"])
             mine["warmup_s"] = max(mine["warmup_s"], gauges["warmup_s"])
             mine["cost"] = [max(a, b) for a, b in zip(mine["cost"], gauges["cost"], strict=True)]
-            mine["admission_margin_s"] = max(
-                mine.get("admission_margin_s", 0.0), gauges.get("admission_margin_s", 0.0)
-            )
+            mine["admission_margin_s"] = max(mine["admission_margin_s"], gauges["admission_margin_s"])
 
 
 @dataclass(frozen=True, slots=True)

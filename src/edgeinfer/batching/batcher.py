@@ -623,10 +623,10 @@ class Batcher:
         Batches run inline are not measured: there the time between them is the event loop's own
         work, which ``lag.py`` measures already (counted twice, `tiny` open-loop at 14,000-18,000
         requests/s, 64-82 % of what it sustains, refused 1.1-3.8 times as many requests)."""
-        now = time.monotonic()
         if inline:
             self._last_done = None
             return
+        now = time.monotonic()
         if self._last_done is not None and rows:
             sample = (now - self._last_done) / rows
             drain = self._drain_s_per_row

@@ -107,7 +107,7 @@ def merge_statistics(entries: list[dict[str, Any]]) -> dict[str, Any]:
             "per_batch_ns": max(cost["per_batch_ns"] for cost in costs),
             "per_row_ns": max(cost["per_row_ns"] for cost in costs),
             "batches_observed": sum(cost["batches_observed"] for cost in costs),
-            "drain_per_row_ns": max(cost.get("drain_per_row_ns", 0) for cost in costs),
-            "admission_margin_ns": max(cost.get("admission_margin_ns", 0) for cost in costs),
+            "drain_per_row_ns": max(cost["drain_per_row_ns"] for cost in costs),
+            "admission_margin_ns": max(cost["admission_margin_ns"] for cost in costs),
         }
     return result

@@ -124,9 +124,12 @@ def encode_response(response: HttpResponse, keep_alive: bool) -> bytes:
     return b"".join(head)
 
 
-def _path_of(url: bytes) -> str:
+def _split_url(url: bytes) -> tuple[str, bytes]:
+    """(path, query) of a request target."""
     parsed = httptools.parse_url(url) if url else None
-    return (parsed.path if parsed is not None else b"/").decode("utf-8", "replace")
+    if parsed is None:
+        return "/", b""
+    return parsed.path.decode("utf-8", "replace"), parsed.query or b""
 
 
 def _describe(request: HttpRequest | None) -> str:
@@ -224,7 +227,7 @@ class HttpConnection(asyncio.Protocol):
             return  # lingering after a refusal: the rest of the request is read and dropped
         try:
             self._parser.feed_data(data)
-            if self._reading == "body" and not self._asked_early and self._state.early is not None:
+            if self._reading == "body" and not self._asked_early:
                 self._answer_early()  # (a body that came with its headers was handed on whole by now)
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not supported")
@@ -268,7 +271,7 @@ class HttpConnection(asyncio.Protocol):
         if declared is not None and declared.isdigit() and int(declared) > self._state.limits.max_body_bytes:
             self._refuse(413, self._too_large_message(int(declared)), "body_size")
         if self._headers.get(b"expect", b"").lower() == b"100-continue" and self._transport is not None:
-            if self._state.early is not None and self._answer_early(expecting=True):
+            if self._answer_early(expecting=True):
                 return
             self._transport.write(_CONTINUE)
 
@@ -288,12 +291,12 @@ class HttpConnection(asyncio.Protocol):
         if self._dropping:  # answered early
             self._dropping = False
             return
-        url = httptools.parse_url(self._url) if self._url else None
+        path, query = _split_url(self._url)
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         request = HttpRequest(
             method=self._parser.get_method().decode("ascii", "replace"),
-            path=(url.path if url is not None else b"/").decode("utf-8", "replace"),
-            query=(url.query or b"") if url is not None else b"",
+            path=path,
+            query=query,
             headers=self._headers,
             body=body,
             keep_alive=self._parser.should_keep_alive(),
@@ -318,10 +321,11 @@ class HttpConnection(asyncio.Protocol):
         early = self._state.early
         if early is None or self.busy or self._closing:
             return False
+        path, query = _split_url(self._url)
         head = HttpRequest(
             method=self._parser.get_method().decode("ascii", "replace"),
-            path=_path_of(self._url),
-            query=b"",
+            path=path,
+            query=query,
             headers=self._headers,
             body=b"",
             keep_alive=self._parser.should_keep_alive(),
