@@ -14,7 +14,9 @@
    (bench/loadgen.py) at ``RAMP`` x the probe's capacity, ``--step-seconds`` each, until a configuration
    falls behind. The *sustainable rate* R* is the highest offered rate some configuration kept up with
    (answered at least 95 % of it); a configuration *holds the SLO* at a rate when it answers at least 95 %
-   of it with p99 within the SLO.
+   of it with p99 within the SLO. Then one more step of the SLO configuration at ``TARGET_SHARE`` x R*,
+   the target's own rate: the ramp's steps near the top are about 0.9 apart, so its highest step held
+   below R* cannot tell whether the SLO holds at 0.9 x R*.
 4. Overload: 2 x R* on the SLO configuration: p99 of the admitted requests, how fast refusals come back,
    the server's RSS before and after, and that it still answers every request (no error, no refusal)
    ``AFTER_S`` after the overload.
@@ -44,6 +46,7 @@ FRESH_RUNS = 3
 FIXED = ((1, 0.0), (8, 0.0), (8, 2.0), (32, 2.0), (32, 8.0))  # (max_batch_size, batch_timeout_millis)
 RAMP = (0.2, 0.4, 0.6, 0.75, 0.85, 0.95, 1.05, 1.2, 1.4)  # x the probe's closed-loop capacity
 KEEPS_UP = 0.95  # answered share of the offered rate that counts as keeping up
+TARGET_SHARE = 0.9  # of R*: up to where the SLO config must hold its SLO (issue 12's target)
 MODELS = ("tiny", "cnn")
 AFTER_S = 1.0  # the pause between the overload step and the check that the server answers again
 
@@ -61,6 +64,7 @@ class RampPoint:
     errors: int  # the server's: connections lost, answers missing or other than 200/429/503/504
     client_late_p99_ms: float
     not_sent: int = 0  # requests the client could not send: over its own in-flight cap (loadgen.MAX_OPEN)
+    at_target: bool = False  # the SLO config's step at TARGET_SHARE x R*, after the ramp
 
     def keeps_up(self) -> bool:
         return self.goodput >= KEEPS_UP * self.offered and self.errors == 0
@@ -191,6 +195,14 @@ def ramp(
                 default=found[model]["capacity"] * RAMP[0],
             )
             request = loadgen.http_request(f"/v2/models/{model}_slo/infer", body)
+            # the target's own rate (see the module's docstring, step 3)
+            print(f"  at {TARGET_SHARE:g} x R* ({sustainable:,.1f}/s):", flush=True)
+            point = measure_step(
+                server, model, f"{model}_slo", request, TARGET_SHARE * sustainable, step_s[model], slo_ms
+            )
+            point.at_target = True
+            points.append(point)
+            time.sleep(1.0)
             rss_before = server.memory_mib("VmRSS")
             point = measure_step(
                 server, model, f"{model}_slo", request, 2 * sustainable, 2 * step_s[model], slo_ms
@@ -257,7 +269,7 @@ def targets(points: list[RampPoint], found: dict, light: dict, overload: dict) -
         sustainable = max((p.offered for p in mine if p.keeps_up()), default=0.0)
         by_config: dict[str, dict] = {}
         for config in dict.fromkeys(p.config for p in mine):
-            steps = [p for p in mine if p.config == config]
+            steps = sorted((p for p in mine if p.config == config), key=lambda p: p.offered)
             held = 0.0
             for p in steps:  # the SLO holds up to the first rate where it does not
                 if not p.holds(slo_ms):
@@ -266,6 +278,7 @@ def targets(points: list[RampPoint], found: dict, light: dict, overload: dict) -
             best = max((p.goodput for p in steps if p.p99_ms <= slo_ms and p.errors == 0), default=0.0)
             by_config[config] = {"holds_slo_up_to": held, "best_goodput_within_slo": best}
         fixed = {name: values for name, values in by_config.items() if name != "slo"}
+        at_target = next((p for p in mine if p.at_target), None)
         best_fixed = max(fixed, key=lambda name: fixed[name]["best_goodput_within_slo"])
         ours, theirs = by_config["slo"], fixed[best_fixed]
         summary[model] = {
@@ -274,6 +287,14 @@ def targets(points: list[RampPoint], found: dict, light: dict, overload: dict) -
             "slo_holds_up_to_share_of_sustainable": share(ours["holds_slo_up_to"], sustainable),
             "best_fixed": best_fixed,
             "best_fixed_holds_up_to_share": share(theirs["holds_slo_up_to"], sustainable),
+            "at_target": None
+            if at_target is None
+            else {
+                "offered": at_target.offered,
+                "answered_share": share(at_target.goodput, at_target.offered),
+                "p99_ms": at_target.p99_ms,
+                "holds": at_target.holds(slo_ms),
+            },
             "throughput_within_slo_vs_best_fixed": share(
                 ours["best_goodput_within_slo"], theirs["best_goodput_within_slo"]
             ),
@@ -301,11 +322,19 @@ def targets_table(summary: dict) -> str:
     for model in MODELS:
         entry = summary[model]
         over = entry["overload_2x"]
+        target = entry["at_target"]
+        at_target = (
+            ""
+            if target is None
+            else f"; at {target['offered']:,.0f}/s ({TARGET_SHARE:g} x R*): "
+            f"{'held' if target['holds'] else 'NOT held'}, {target['answered_share']:.1%} answered, "
+            f"p99 {target['p99_ms']:.2f} ms"
+        )
         lines.append(
             f"| {model}: SLO (p99 {entry['slo_p99_ms']:g} ms) held up to / sustainable rate "
             f"({entry['sustainable_rate']:,.0f}/s) | >= 0.90 | "
             f"{entry['slo_holds_up_to_share_of_sustainable']:.2f} "
-            f"(best fixed, {entry['best_fixed']}: {entry['best_fixed_holds_up_to_share']:.2f}) |"
+            f"(best fixed, {entry['best_fixed']}: {entry['best_fixed_holds_up_to_share']:.2f}){at_target} |"
         )
         lines.append(
             f"| {model}: throughput within the SLO / best fixed | >= 0.90 | "
@@ -323,6 +352,10 @@ def targets_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def config_label(point: RampPoint) -> str:
+    return f"{point.config} ({TARGET_SHARE:g} x R*)" if point.at_target else point.config
+
+
 def points_table(points: list[RampPoint]) -> str:
     lines = [
         "| model | config | offered/s | answered/s | p50 ms | p99 ms | refused | refusal p99 ms | errors "
@@ -330,7 +363,7 @@ def points_table(points: list[RampPoint]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines.extend(
-        f"| {p.model} | {p.config} | {p.offered:,.1f} | {p.goodput:,.1f} | {p.p50_ms:.2f} | "
+        f"| {p.model} | {config_label(p)} | {p.offered:,.1f} | {p.goodput:,.1f} | {p.p50_ms:.2f} | "
         f"{p.p99_ms:.2f} | {p.refused} | {p.refused_p99_ms:.2f} | {p.errors} | {p.not_sent} | "
         f"{p.client_late_p99_ms:.2f} |"
         for p in points
@@ -348,7 +381,9 @@ def plot(points: list[RampPoint], found: dict, path: Path) -> None:
     for row, model in enumerate(MODELS):
         latency, throughput = axes[row]
         for config in dict.fromkeys(p.config for p in points if p.model == model):
-            steps = [p for p in points if p.model == model and p.config == config]
+            steps = sorted(
+                (p for p in points if p.model == model and p.config == config), key=lambda p: p.offered
+            )
             ours = config == "slo"
             style = {"linewidth": 2.5, "color": "black"} if ours else {"linewidth": 1, "alpha": 0.8}
             label = "adaptive + SLO" if ours else f"fixed {config}"
