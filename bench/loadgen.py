@@ -2,9 +2,15 @@
 
 wrk and h2load are closed-loop: a slow answer delays the next request, so an overloaded server is
 offered less load and its latency looks better than a client would see it. Here requests are sent at
-exponentially distributed gaps computed in advance, each on an idle keep-alive connection (a new one if
-none is idle), and a request's latency runs from its *scheduled* time, so time a request spent waiting
-for the client to send it counts too (no coordinated omission).
+times computed in advance, each on an idle keep-alive connection (a new one if none is idle), and a
+request's latency runs from its *scheduled* time, so time a request spent waiting for the client to
+send it counts too (no coordinated omission).
+
+The times are a Poisson process given its count: exactly ``rate x seconds`` arrivals at independent,
+uniformly distributed times (sorted), so the gaps between them are as bursty as exponential ones, but
+every step offers exactly its rate. Exponential gaps drawn freely offer a rate off by the count's own
+noise (1 / sqrt(count)): a 5 s step of `cnn` at 124.9/s drew 117.8/s, and a benchmark that asks whether
+the SLO holds at 0.9 x a rate then tests 0.85 x.
 
 Raw HTTP/1.1 over asyncio (uvloop): one prepared request, a response parsed just enough to find its
 status and length. A step that would need more than ``MAX_OPEN`` requests in flight counts the excess
@@ -150,9 +156,9 @@ async def _step(
     for _ in range(min(64, max(4, int(rate * 0.01)))):  # the connections a steady rate needs
         generator.idle.append(await generator.open())
     rng = np.random.default_rng(seed)
-    gaps = rng.exponential(1.0 / rate, int(rate * (seconds + warmup_s) * 1.2) + 10)
-    offsets = np.cumsum(gaps)
-    offsets = offsets[offsets < seconds + warmup_s].tolist()
+    offsets = arrival_times(rng, rate, warmup_s) + [
+        warmup_s + offset for offset in arrival_times(rng, rate, seconds)
+    ]
     start = time.perf_counter() + 0.01
     index = 0
     while index < len(offsets):
@@ -183,6 +189,11 @@ async def _step(
     return StepResult(
         rate, seconds, sent_count, answered, ok, refused, errors, generator.overflow, unanswered, late_p99
     )
+
+
+def arrival_times(rng: np.random.Generator, rate: float, seconds: float) -> list[float]:
+    """``round(rate x seconds)`` arrival times in [0, seconds), sorted: a Poisson process given its count."""
+    return np.sort(rng.uniform(0.0, seconds, round(rate * seconds))).tolist()
 
 
 def http_request(path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:

@@ -235,7 +235,7 @@ def measure_step(
     point = RampPoint(
         model=model,
         config="slo" if name.endswith("_slo") else name[len(model) + 1 :],
-        offered=round(result.sent / result.seconds, 1),  # what Poisson actually drew
+        offered=round(result.sent / result.seconds, 1),
         goodput=round(result.goodput, 1),
         p50_ms=round(result.p(0.5) * 1000, 2),
         p99_ms=round(result.p(0.99) * 1000, 2),
