@@ -26,6 +26,7 @@ from edgeinfer.batching.policy import (
     Measured,
     Pending,
     forms_ahead,
+    merging_pays,
     next_batch,
     next_deadline,
     runs_alone,
@@ -42,6 +43,7 @@ from edgeinfer.errors import (
 )
 from edgeinfer.outcome import RequestTrace
 from edgeinfer.runners import BatchResult, BatchTimes, Runner, Tensors, Work
+from edgeinfer.runners.cost import CostModel
 
 
 class BatchSpans(Protocol):
@@ -300,11 +302,12 @@ class Batcher:
         the margin that keeps the share of requests missing the SLO to the one allowed
         (``margin.py``); with nothing queued, a request that would miss its SLO even without those is
         admitted (it cannot do better)."""
-        measured = self.measured()
-        if measured is None:
+        cost = self.runner.cost  # read directly, not through ``measured()``: this runs on every request
+        if not cost.observed:
             return
-        backlog_s = self._backlog_s(measured, priority)
-        finish = now + backlog_s + measured.batch_s(rows)
+        backlog_s = self._backlog_s(cost, priority)
+        own_s = cost.per_batch_s + cost.per_row_s * rows
+        finish = now + backlog_s + own_s
         if deadline is not None and finish > deadline:
             self.recorder.refused("deadline")
             raise RequestTimeout(
@@ -316,7 +319,6 @@ class Batcher:
             return
         lag_s = self._lag.lag_s if self._lag is not None else 0.0
         margin_s = self.slo_margin_s
-        own_s = measured.batch_s(rows)
         queued_behind = bool(self._pending or self._running)
         if finish + lag_s + margin_s > due and (queued_behind or now + own_s <= due):
             finish += lag_s
@@ -339,7 +341,7 @@ class Batcher:
             f", plus a margin of {margin_s * 1000:.1f} ms (what keeps the requests missing it to {missing})"
         )
 
-    def _backlog_s(self, measured: Measured, priority: int) -> float:
+    def _backlog_s(self, cost: CostModel, priority: int) -> float:
         """How long until a request of ``priority`` would start: the rows queued ahead of it (at its
         priority or a higher one) and the batches now running, at the measured cost, shared by the
         runner's concurrent slots. Queued requests count as the batches they will run in: full ones
@@ -352,11 +354,10 @@ class Batcher:
                 requests_ahead += count
                 rows_ahead += rows_queued
         most = self.policy.max_batch_size
-        merges = most > 1 and (not self.policy.adaptive or measured.merging_pays())
+        per_row_s, per_batch_s = cost.per_row_s, cost.per_batch_s
+        merges = most > 1 and (not self.policy.adaptive or merging_pays(per_row_s, per_batch_s))
         batches = -(-rows_ahead // most) if merges else requests_ahead
-        backlog_s = measured.per_row_s * (rows_ahead + self._running_rows) + measured.per_batch_s * (
-            batches + self._running
-        )
+        backlog_s = per_row_s * (rows_ahead + self._running_rows) + per_batch_s * (batches + self._running)
         backlog_s /= max(1, self.runner.concurrency)
         drain = self._drain_s_per_row
         if drain is not None and self._last_done is not None:  # draining now: as fast as measured
@@ -405,10 +406,10 @@ class Batcher:
         queued_behind = queue_known and bool(self._pending or self._running)
         if not (waited_s or turns_s or queued_behind):
             return None
-        measured = self.measured()
-        if measured is None:
+        cost = self.runner.cost
+        if not cost.observed:
             return None
-        own_s = measured.batch_s(1)
+        own_s = cost.per_batch_s + cost.per_row_s
         if waited_s + turns_s + own_s > slo_s >= own_s:
             self.recorder.refused("slo")
             refusal = ServerBusy(
@@ -423,7 +424,7 @@ class Batcher:
             return refusal
         if not queued_behind:
             return None
-        backlog_s = self._backlog_s(measured, HIGHEST_PRIORITY)
+        backlog_s = self._backlog_s(cost, HIGHEST_PRIORITY)
         margin_s = self.slo_margin_s
         if backlog_s + own_s + margin_s > slo_s:
             self.recorder.refused("slo")

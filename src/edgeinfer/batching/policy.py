@@ -74,8 +74,12 @@ class Measured:
         return 1.0 - self.batch_s(rows) / (rows * one)
 
     def merging_pays(self) -> bool:
-        """Merging lowers the mean completion time of what it merges (see the module docstring)."""
-        return self.per_batch_s > 0 and self.per_batch_s >= self.per_row_s
+        return merging_pays(self.per_row_s, self.per_batch_s)
+
+
+def merging_pays(per_row_s: float, per_batch_s: float) -> bool:
+    """Merging lowers the mean completion time of what it merges (see the module docstring)."""
+    return per_batch_s > 0 and per_batch_s >= per_row_s
 
 
 HIGHEST_PRIORITY = 1  # the lowest level number a request can have (0 asks for the model's default)
