@@ -269,7 +269,7 @@ def targets(points: list[RampPoint], found: dict, light: dict, overload: dict) -
         sustainable = max((p.offered for p in mine if p.keeps_up()), default=0.0)
         by_config: dict[str, dict] = {}
         for config in dict.fromkeys(p.config for p in mine):
-            steps = sorted((p for p in mine if p.config == config), key=lambda p: p.offered)
+            steps = steps_of(mine, config)
             held = 0.0
             for p in steps:  # the SLO holds up to the first rate where it does not
                 if not p.holds(slo_ms):
@@ -302,6 +302,11 @@ def targets(points: list[RampPoint], found: dict, light: dict, overload: dict) -
             "overload_2x": overload.get(model, {}),
         }
     return summary
+
+
+def steps_of(points: list[RampPoint], config: str) -> list[RampPoint]:
+    """One configuration's steps in order of rate (the step at TARGET_SHARE x R* comes last in time)."""
+    return sorted((p for p in points if p.config == config), key=lambda p: p.offered)
 
 
 def share(part: float, whole: float) -> float:
@@ -381,9 +386,7 @@ def plot(points: list[RampPoint], found: dict, path: Path) -> None:
     for row, model in enumerate(MODELS):
         latency, throughput = axes[row]
         for config in dict.fromkeys(p.config for p in points if p.model == model):
-            steps = sorted(
-                (p for p in points if p.model == model and p.config == config), key=lambda p: p.offered
-            )
+            steps = steps_of([p for p in points if p.model == model], config)
             ours = config == "slo"
             style = {"linewidth": 2.5, "color": "black"} if ours else {"linewidth": 1, "alpha": 0.8}
             label = "adaptive + SLO" if ours else f"fixed {config}"

@@ -306,7 +306,7 @@ class Batcher:
         if not cost.observed:
             return
         backlog_s = self._backlog_s(cost, priority)
-        own_s = cost.per_batch_s + cost.per_row_s * rows
+        own_s = cost.batch_s(rows)
         finish = now + backlog_s + own_s
         if deadline is not None and finish > deadline:
             self.recorder.refused("deadline")
@@ -409,7 +409,7 @@ class Batcher:
         cost = self.runner.cost
         if not cost.observed:
             return None
-        own_s = cost.per_batch_s + cost.per_row_s
+        own_s = cost.batch_s(1)
         if waited_s + turns_s + own_s > slo_s >= own_s:
             self.recorder.refused("slo")
             refusal = ServerBusy(

@@ -69,6 +69,10 @@ class CostModel:
         """Predicted seconds for a batch of ``rows``; None before the first batch."""
         if not self.observed:
             return None
+        return self.batch_s(rows)
+
+    def batch_s(self, rows: int) -> float:
+        """The fitted line at ``rows`` (0 before the first batch: ask ``observed`` first)."""
         return self.per_row_s * rows + self.per_batch_s
 
     def recent_s(self, rows: int) -> float | None:
