@@ -12,9 +12,10 @@ import time
 import numpy as np
 import pytest
 
+from edgeinfer.batching import batcher as batcher_module
 from edgeinfer.batching import margin
 from edgeinfer.batching.batcher import Batcher, QueueLimits
-from edgeinfer.batching.policy import BatchPolicy
+from edgeinfer.batching.policy import MERGE_TRIAL_ROWS, BatchPolicy
 from edgeinfer.batching.recorder import BatchRecorder
 from edgeinfer.errors import InferenceFailed, RequestTimeout, ServerBusy, Superseded
 from edgeinfer.metrics import ModelMetrics
@@ -229,7 +230,7 @@ def test_prefetched_batches_wait_for_the_compute_slot():
 
 def _adaptive_with_prefetch(backend: FakeBackend, per_row_s: float, per_batch_s: float) -> Batcher:
     batcher = make(backend, policy=BatchPolicy(max_batch_size=4, adaptive=True), prefetch=1)
-    for size in (1, 4):
+    for size in (1, 4, 1, 4):  # each twice: a first batch of a size is provisional (runners/cost.py)
         batcher.runner.cost.observe(size, per_batch_s + per_row_s * size)
     return batcher
 
@@ -260,6 +261,35 @@ def test_adaptive_batching_forms_the_next_batch_ahead_only_when_merging_does_not
     backend = asyncio.run(main())
     assert [len(batch) for batch in backend.batches] == batches
     assert backend.max_concurrent == 1
+
+
+@pytest.mark.parametrize(("every", "trial"), [(3, True), (1000, False)], ids=["trials", "none-due"])
+def test_while_merging_does_not_pay_a_merge_trial_runs_now_and_then(monkeypatch, every, trial):
+    """Batches of one measure only batches of one: a trial merge keeps the larger sizes measured, so a
+    cost line bent by a few slow batches is corrected (``policy.MERGE_TRIAL_ROWS``)."""
+    monkeypatch.setattr(batcher_module, "MERGE_TRIAL_EVERY", every)
+
+    async def main():
+        backend = FakeBackend(hold=True)
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=16, adaptive=True), prefetch=1)
+        for size in (1, 16):
+            batcher.runner.cost.observe(size, 0.010 * size)  # merging does not pay
+        first = submit(batcher, 0.0)
+        await entered(backend, 1)
+        rest = [submit(batcher, float(i)) for i in range(1, 13)]
+        await asyncio.sleep(0)
+        backend.release()
+        await asyncio.gather(first, *rest)
+        return backend
+
+    sizes = [len(batch) for batch in asyncio.run(main()).batches]
+    assert sizes[:3] == [1, 1, 1]  # the line says merging does not pay, and no trial is due yet
+    merged = [size for size in sizes if size > 1]
+    if trial:
+        assert merged
+        assert merged[0] <= MERGE_TRIAL_ROWS
+    else:
+        assert not merged
 
 
 def test_a_batch_predicted_cheaper_than_the_thread_hop_runs_inline():

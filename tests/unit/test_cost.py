@@ -88,3 +88,56 @@ def test_a_size_that_keeps_running_is_judged_by_its_own_recent_batches():
     assert cost.estimate_s(1) > 0.0005  # the line still carries the load's fixed cost
     assert cost.recent_s(1) == pytest.approx(0.00002, rel=0.01)
     assert cost.recent_s(2) is None
+
+
+def test_a_sizes_first_batch_is_provisional_the_faster_of_its_first_two_counts():
+    cost = CostModel()
+    cost.observe(4, 0.0040)  # the first run of a shape: ONNX Runtime plans its memory
+    cost.observe(4, 0.0010)
+    assert cost.recent_s(4) == pytest.approx(0.0010)
+    cost.observe(2, 0.0005)
+    cost.observe(2, 0.0030)  # preempted
+    assert cost.recent_s(2) == pytest.approx(0.0005)
+
+
+@pytest.mark.parametrize(("slow", "at_most"), [(0.010, 0.0011), (1.0, 0.0011), (0.0015, 0.00105)])
+def test_one_slow_batch_moves_its_size_by_at_most_clip_times_its_average(slow, at_most):
+    cost = CostModel()
+    for _ in range(5):
+        cost.observe(1, 0.001)
+    cost.observe(1, slow)
+    assert cost.recent_s(1) == pytest.approx(at_most)
+
+
+def test_a_real_slowdown_is_followed_within_tens_of_batches():
+    cost = CostModel()
+    for _ in range(5):
+        cost.observe(1, 0.001)
+    for _ in range(40):
+        cost.observe(1, 0.005)
+    assert cost.recent_s(1) == pytest.approx(0.005, rel=0.05)
+
+
+def test_a_size_seen_once_does_not_bend_the_line_of_sizes_seen_twice():
+    """Measured: warmup's one batch of 32 at 303 us against 30-40 us later made `tiny` fit 35 us a row
+    and no fixed cost; merging then never paid, so only batches of one ran and nothing corrected it."""
+    cost = CostModel()
+    cost.observe(32, 0.000303)  # warmup, cold
+    for _ in range(3):
+        for rows in (1, 2, 4, 6):
+            cost.observe(rows, 0.000009 + 0.000002 * rows)
+    assert cost.per_row_s == pytest.approx(0.000002)
+    assert cost.per_batch_s == pytest.approx(0.000009)
+    assert measured(cost).merging_pays()
+
+
+def test_sizes_dropped_leave_the_fit_as_if_never_seen():
+    cost = CostModel()
+    for rows in range(100, 133):  # 33 sizes seen twice, slow ones; the first is dropped
+        cost.observe(rows, 1.0)
+        cost.observe(rows, 1.0)
+    for rows in range(1, 33):  # 32 new sizes push out every slow one
+        cost.observe(rows, 0.001 * rows)
+        cost.observe(rows, 0.001 * rows)
+    assert cost.per_row_s == pytest.approx(0.001)
+    assert cost.per_batch_s == pytest.approx(0.0, abs=1e-9)

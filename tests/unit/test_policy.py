@@ -7,7 +7,15 @@ from dataclasses import replace
 
 import pytest
 
-from edgeinfer.batching.policy import BatchPolicy, Measured, Pending, forms_ahead, next_batch, runs_alone
+from edgeinfer.batching.policy import (
+    MERGE_TRIAL_ROWS,
+    BatchPolicy,
+    Measured,
+    Pending,
+    forms_ahead,
+    next_batch,
+    runs_alone,
+)
 
 POLICY = BatchPolicy(max_batch_size=8, max_queue_delay_s=0.010)
 
@@ -142,6 +150,14 @@ PER_ROW = Measured(per_row_s=0.030, per_batch_s=0.0005)  # a CNN on a CPU: mergi
         ("per-row cost", replace(PER_ROW, interarrival_s=0.0001), 3, 0.0, None, 1, None),
         ("per-row cost, no arrivals measured", PER_ROW, 3, 0.0, None, 1, None),
         ("per-row cost, a spare slot", replace(PER_ROW, spare_slots=1), 3, 0.0, None, 1, None),
+        # a merge trial (the batcher asks now and then): up to MERGE_TRIAL_ROWS rows, while the head
+        # still finishes by its due time (t(3) = 90.5 ms, t(4) = 120.5 ms)
+        ("trial", replace(PER_ROW, trial=True), 3, 0.0, None, 3, None),
+        ("trial, more queued", replace(PER_ROW, trial=True), 7, 0.0, None, MERGE_TRIAL_ROWS, None),
+        ("trial within the due time", replace(PER_ROW, trial=True), 7, 0.0, 0.100, 3, None),
+        ("trial, due too soon for two", replace(PER_ROW, trial=True), 7, 0.0, 0.050, 1, None),
+        ("trial, one queued", replace(PER_ROW, trial=True), 1, 0.0, None, 1, None),
+        ("trial when merging pays anyway", replace(FIXED_COST, trial=True), 7, 0.0, None, 7, None),
         # another slot of the runner is idle: run now, in parallel
         ("spare slot", replace(FIXED_COST, interarrival_s=0.0002, spare_slots=1), 2, 0.0, None, 2, None),
         # a full batch goes without waiting

@@ -94,6 +94,11 @@ DRAIN_MEMORY = 0.9  # the drain rate follows the last ten or so batches that fin
 # refusals p99 6.2, 5.1-5.2 and 4.4 ms. With the iteration saved and three turns: 91-93 % of 4,140/s
 # at p99 7.6-7.8 ms, and at 9,000/s admitted p99 10.9-11.0 ms, refusals 6.1 ms.
 TURNS_TO_ANSWER = 3
+# A merge trial (``policy.MERGE_TRIAL_ROWS``) once in this many scheduling passes that found requests
+# that could have merged and did not, because merging did not pay: at 13,000 `tiny` requests/s that
+# is tens of trials a second, and a `cnn` under overload has its head wait for a few more images about
+# once a second.
+MERGE_TRIAL_EVERY = 64
 
 
 class Batcher:
@@ -140,6 +145,7 @@ class Batcher:
         self.last_submit = time.monotonic()  # when a request last came (residency reads it)
         self._lag = lag  # how far behind the loop runs: admission and the adaptive fast path read it
         self._refused_turn: tuple[int, ServerBusy] | None = None  # (turn, its refusal): refuse_unread
+        self._unmerged = 0  # scheduling passes that left requests unmerged since the last merge trial
         # what admission adds to its predictions, steered by the share of requests missing the SLO
         self._margin = SloMargin(limits.slo_s, limits.slo_quantile) if limits.slo_s is not None else None
         self._spans = spans
@@ -491,6 +497,9 @@ class Batcher:
 
     def _schedule(self, now: float | None) -> None:
         measured = self.measured() if self.policy.adaptive else None  # a fixed policy does not use it
+        if measured is not None and len(self._pending) > 1 and not measured.merging_pays():
+            self._unmerged += 1  # requests could have merged and will not: now and then, a trial
+            measured.trial = self._unmerged >= MERGE_TRIAL_EVERY
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -515,6 +524,8 @@ class Batcher:
             if not decision.batch:
                 wake_at = decision.wake_at
                 break
+            if measured is not None and measured.trial and len(decision.batch) > 1:
+                measured.trial, self._unmerged = False, 0  # the trial ran
             self._start(decision.batch, now)
         if wake_at is not None:
             self._timer = self._loop.call_later(max(0.0, wake_at - now), self._on_timer, wake_at)

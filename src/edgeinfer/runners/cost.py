@@ -7,54 +7,77 @@ slows down or speeds up, and what warmup measured at the largest batch is not fo
 runs batches of one: a fit over recent batches only would forget the slope, decide batching does not
 pay, run batches of one, and never learn otherwise. While one size has been seen, the fixed part cannot
 be told apart, and the estimate is proportional to rows. Pure arithmetic: no clock, no event loop.
+
+One slow batch must not bend the line for long, because the line decides whether merging pays, and
+while it says no only batches of one run, so nothing measured corrects it. Batches are measured slow,
+never fast, for reasons that are not the model's: the first run of a shape (ONNX Runtime plans its
+memory then), a run preempted by the load generator on the same cores. A line bent that way stayed
+bent: `tiny` served with an SLO, 1 of 3 fresh servers fitted 35 us per row and no fixed cost from one
+warmup batch of 32 measured at 303 us (10 times its later cost), ran every request alone and answered
+p50 1.4-2.6 ms at 13,000-16,500 requests/s where the others answered 0.6-1.0 ms. So:
+
+* a size's first batch is provisional: the second sets its average to the faster of the two;
+* from then on a batch counts at most ``CLIP`` times the size's average (a real slowdown still moves
+  the average, by up to ``CLIP - 1`` x ``1 - memory`` a batch);
+* the line is fitted over the sizes seen at least twice once there are two of them; before that, over
+  every size seen (a fresh server knows warmup's sizes once each).
 """
 
 from __future__ import annotations
 
 SIZES_KEPT = 32  # distinct batch sizes remembered (the least recently seen is dropped)
+CLIP = 2.0  # a batch counts at most this many times its size's average
 
 
 class CostModel:
     """Asked on every batch (``estimate_s``) and told after every batch (``observe``), so the fit is
     updated when told and the estimate is one multiply-add."""
 
-    __slots__ = ("_by_rows", "_memory", "_sums", "observed", "per_batch_s", "per_row_s")
+    __slots__ = ("_by_rows", "_every", "_memory", "_twice", "observed", "per_batch_s", "per_row_s")
 
     def __init__(self, memory: float = 0.9) -> None:
         self._memory = memory
-        self._by_rows: dict[int, float] = {}  # rows -> moving average of seconds, least recent first
-        self._sums = [0.0, 0.0, 0.0, 0.0]  # over the table: x, y, x*x, x*y (kept, not recomputed)
+        # rows -> [moving average of seconds, batches seen], least recent first
+        self._by_rows: dict[int, list[float]] = {}
+        # over the sizes kept (``_every``) and those seen at least twice (``_twice``): the number of
+        # sizes, then the sums of x, y, x*x, x*y (kept as sizes come and go, not recomputed)
+        self._every = [0.0, 0.0, 0.0, 0.0, 0.0]
+        self._twice = [0.0, 0.0, 0.0, 0.0, 0.0]
         # the fitted line, read (not written) by the batcher: the fixed cost of one call whatever its
         # rows (what merging requests saves), and the cost of each row
         self.per_row_s = self.per_batch_s = 0.0
         self.observed = 0
 
     def observe(self, rows: int, seconds: float) -> None:
-        by_rows, sums = self._by_rows, self._sums
-        previous = by_rows.pop(rows, None)  # re-inserted last: the dict is ordered by recency
-        if previous is None:
-            self._account(rows, seconds, 1.0)
-        else:  # the size's average moves: only the sums over seconds change (on every batch: inline)
-            seconds = previous * self._memory + seconds * (1 - self._memory)
-            sums[1] += seconds - previous
-            sums[3] += rows * (seconds - previous)
-        by_rows[rows] = seconds
+        by_rows = self._by_rows
+        entry = by_rows.pop(rows, None)  # re-inserted last: the dict is ordered by recency
+        if entry is None:
+            entry = [seconds, 1.0]
+            _account(self._every, rows, seconds, 1.0)
+        else:
+            previous, seen = entry
+            if seen == 1.0:  # the provisional first batch: the faster of the two counts
+                average = seconds if seconds < previous else previous
+                _account(self._twice, rows, average, 1.0)
+            else:
+                limit = CLIP * previous
+                counted = seconds if seconds < limit else limit
+                average = previous * self._memory + counted * (1 - self._memory)
+                _move(self._twice, rows, average - previous)
+            _move(self._every, rows, average - previous)
+            entry[0], entry[1] = average, seen + 1.0
+        by_rows[rows] = entry
         if len(by_rows) > SIZES_KEPT:
             oldest = next(iter(by_rows))
-            self._account(oldest, by_rows.pop(oldest), -1.0)
+            average, seen = by_rows.pop(oldest)
+            _account(self._every, oldest, average, -1.0)
+            if seen > 1.0:
+                _account(self._twice, oldest, average, -1.0)
         self.observed += 1
-        self._fit()
+        self._fit(self._twice if self._twice[0] >= 2 else self._every)
 
-    def _account(self, rows: int, seconds: float, sign: float) -> None:
-        sums = self._sums
-        sums[0] += sign * rows
-        sums[1] += sign * seconds
-        sums[2] += sign * rows * rows
-        sums[3] += sign * rows * seconds
-
-    def _fit(self) -> None:
-        count = len(self._by_rows)
-        sum_x, sum_y, sum_xx, sum_xy = self._sums
+    def _fit(self, sums: list[float]) -> None:
+        count, sum_x, sum_y, sum_xx, sum_xy = sums
         mean_x, mean_y = sum_x / count, sum_y / count
         if count == 1:
             self.per_row_s, self.per_batch_s = (mean_y / mean_x, 0.0) if mean_x > 0 else (0.0, mean_y)
@@ -82,4 +105,20 @@ class CostModel:
         the line is fitted over every size ever seen, so after a burst of large batches measured under
         load its value at 1 row can stay far above what batches of one take now, and a decision made
         on it would never be revisited."""
-        return self._by_rows.get(rows)
+        entry = self._by_rows.get(rows)
+        return None if entry is None else entry[0]
+
+
+def _account(sums: list[float], rows: int, seconds: float, sign: float) -> None:
+    """Add (``sign`` 1) or take away (-1) one size's point."""
+    sums[0] += sign
+    sums[1] += sign * rows
+    sums[2] += sign * seconds
+    sums[3] += sign * rows * rows
+    sums[4] += sign * rows * seconds
+
+
+def _move(sums: list[float], rows: int, delta: float) -> None:
+    """One size's average moved by ``delta``: only the sums over seconds change."""
+    sums[2] += delta
+    sums[4] += rows * delta
