@@ -645,23 +645,33 @@ class InferenceCall:
         outcome.request_id = outcome.request_id or request.id or new_request_id()
         return request
 
-    def submit(self, request: InferRequest, deadline_s: float | None = None) -> asyncio.Future[Tensors]:
+    def submit(
+        self,
+        request: InferRequest,
+        deadline_s: float | None = None,
+        on_done: Callable[[], None] | None = None,
+    ) -> asyncio.Future[Tensors]:
         """Queue the request on the version the router picks; the future holds its outputs.
 
         A model evicted to save memory is loaded first (bounded by the request's deadline), so that
         future takes longer. ``deadline_s`` is the transport's own deadline (a gRPC client's), in
-        seconds from now; the request's ``timeout`` parameter also counts.
+        seconds from now; the request's ``timeout`` parameter also counts. ``on_done``: called in the
+        loop iteration the batch completes the future in (``Batcher.submit``), where its callbacks
+        run an iteration later; not for every way the future can end, so its callbacks must still
+        answer.
         """
         self.request = request
         if not self.outcome.request_id:
             self.outcome.request_id = request.id or new_request_id()
         try:
-            self._outputs = self._queue(request, deadline_s)
+            self._outputs = self._queue(request, deadline_s, on_done)
         except ModelEvicted:
             self._outputs = asyncio.ensure_future(self._load_then_queue(request, deadline_s))
         return self._outputs
 
-    def _queue(self, request: InferRequest, deadline_s: float | None) -> asyncio.Future[Tensors]:
+    def _queue(
+        self, request: InferRequest, deadline_s: float | None, on_done: Callable[[], None] | None = None
+    ) -> asyncio.Future[Tensors]:
         service, outcome = self._service, self.outcome
         entry = self._settled
         if entry is None or entry.state is not _READY:  # not picked before decoding, or since unloaded
@@ -702,6 +712,7 @@ class InferenceCall:
             trace=outcome.trace,
             stream=stream,
             received_at=outcome.received_at,
+            on_done=on_done,
         )
         if service.shadows.active:
             service.shadows.mirror(outcome.model, entry, request, answer)

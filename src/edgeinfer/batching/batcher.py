@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
@@ -67,6 +67,7 @@ class _Job:
     work: Work
     future: asyncio.Future[Tensors]
     trace: RequestTrace | None
+    on_done: Callable[[], None] | None = None  # ``submit``'s
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +94,7 @@ DRAIN_MEMORY = 0.9  # the drain rate follows the last ten or so batches that fin
 # 7.5-8.3 and 6.2 ms, and at 9,000/s (twice what it sustains) admitted p99 14.7, 13.1 and 10.8 ms,
 # refusals p99 6.2, 5.1-5.2 and 4.4 ms. With the iteration saved and three turns: 91-93 % of 4,140/s
 # at p99 7.6-7.8 ms, and at 9,000/s admitted p99 10.9-11.0 ms, refusals 6.1 ms.
-TURNS_TO_ANSWER = 3
+TURNS_TO_ANSWER = 2
 # A merge trial (``policy.MERGE_TRIAL_ROWS``) once in this many scheduling passes that found requests
 # that could have merged and did not, because merging did not pay: at 13,000 `tiny` requests/s that
 # is tens of trials a second, and a `cnn` under overload has its head wait for a few more images about
@@ -146,6 +147,7 @@ class Batcher:
         self._lag = lag  # how far behind the loop runs: admission and the adaptive fast path read it
         self._refused_turn: tuple[int, ServerBusy] | None = None  # (turn, its refusal): refuse_unread
         self._unmerged = 0  # scheduling passes that left requests unmerged since the last merge trial
+        self._done_now: list[Callable[[], None]] = []  # ``on_done`` of requests answered in this pass
         # what admission adds to its predictions, steered by the share of requests missing the SLO
         self._margin = SloMargin(limits.slo_s, limits.slo_quantile) if limits.slo_s is not None else None
         self._spans = spans
@@ -179,6 +181,7 @@ class Batcher:
         trace: RequestTrace | None = None,
         stream: str | None = None,
         received_at: float | None = None,
+        on_done: Callable[[], None] | None = None,
     ) -> asyncio.Future[Tensors]:
         """Queue one request; the future resolves to its outputs or raises the batch's error.
 
@@ -188,6 +191,13 @@ class Batcher:
         (``time.monotonic``): when the transport began receiving the request; its SLO counts from
         then, not from now (a client's clock starts when it sends, and a large body takes a while to
         arrive on a busy server).
+
+        ``on_done``: called once the future is done by its batch, in the same loop iteration (after
+        the batcher has settled what runs next), where the future's own callbacks run in the next one.
+        Under load the event loop reads other requests in between, for milliseconds: a transport that
+        answers from ``on_done`` saves its request that wait (``_answer``). Not called for a request
+        that ran alone at once (the future is done when ``submit`` returns) nor for one that fails
+        otherwise (expired, superseded, cancelled): the future's callbacks see to those.
         """
         if self._closed:
             raise ModelNotReady(f"model {self.name} is unloading and takes no new requests")
@@ -228,7 +238,7 @@ class Batcher:
             priority=priority,
             deadline=deadline,
             sequence=next(self._sequence),
-            payload=_Job(work, future, trace),
+            payload=_Job(work, future, trace, on_done),
             due=due,
             stream=stream,
         )
@@ -416,13 +426,15 @@ class Batcher:
         if not cost.observed:
             return None
         own_s = cost.batch_s(1)
-        if waited_s + turns_s + own_s > slo_s >= own_s:
+        margin_s = self.slo_margin_s
+        behind_margin_s = margin_s if waited_s else 0.0  # like the turns: only for a request that waited
+        if waited_s + turns_s + own_s + behind_margin_s > slo_s >= own_s:
             self.recorder.refused("slo")
             refusal = ServerBusy(
                 f"model {self.name} is over its latency objective: the server is {waited_s * 1000:.1f} "
                 f"ms behind and {TURNS_TO_ANSWER} loop iterations of {turns_s / TURNS_TO_ANSWER * 1000:.1f} "
-                f"ms from an answer, against an SLO of {slo_s * 1000:.0f} ms; it was refused before its "
-                "body was read; retry later",
+                f"ms from an answer{self._margin_text(behind_margin_s)}, against an SLO of "
+                f"{slo_s * 1000:.0f} ms; it was refused before its body was read; retry later",
                 retry_after_s=waited_s + turns_s,
             )
             if lag is not None:
@@ -431,7 +443,6 @@ class Batcher:
         if not queued_behind:
             return None
         backlog_s = self._backlog_s(cost, HIGHEST_PRIORITY)
-        margin_s = self.slo_margin_s
         if backlog_s + own_s + margin_s > slo_s:
             self.recorder.refused("slo")
             return ServerBusy(
@@ -530,6 +541,16 @@ class Batcher:
         if wake_at is not None:
             self._timer = self._loop.call_later(max(0.0, wake_at - now), self._on_timer, wake_at)
         self._update_idle()
+        if self._done_now:
+            self._answer()
+
+    def _answer(self) -> None:
+        """Call the ``on_done`` of the requests answered in this scheduling pass, now that the queue,
+        the runner's slots and the timer are settled: one may submit again (a pipelined request). If
+        one raises, the rest are answered by their futures' callbacks, an iteration later."""
+        done_now, self._done_now = self._done_now, []
+        for on_done in done_now:
+            on_done()
 
     def _remove(self, items: list[Pending]) -> None:
         if items:
@@ -623,6 +644,8 @@ class Batcher:
                 job.future.set_exception(self._as_error(outputs))
             else:
                 job.future.set_result(outputs)
+            if job.on_done is not None:
+                self._done_now.append(job.on_done)
 
     def _drained(self, rows: int, inline: bool) -> None:
         """Measure how fast the queue drains: the time between two batches finishing, per row of the
@@ -652,6 +675,8 @@ class Batcher:
         for job in jobs:
             if not job.future.done():
                 job.future.set_exception(error)
+                if job.on_done is not None:
+                    self._done_now.append(job.on_done)
 
     def _as_error(self, error: BaseException) -> EdgeInferError:
         if isinstance(error, EdgeInferError):

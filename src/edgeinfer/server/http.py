@@ -60,7 +60,7 @@ from edgeinfer.protocol import http_binary, json_codec
 from edgeinfer.protocol.types import InferRequest, InferResponse
 from edgeinfer.server import http_compression
 from edgeinfer.server.auth import Guard, http_role, presented_key
-from edgeinfer.server.http_protocol import Answer, Deferred, HttpRequest, HttpResponse
+from edgeinfer.server.http_protocol import Answer, Deferred, DoneNow, HttpRequest, HttpResponse
 from edgeinfer.service import InferenceCall, InferenceService, parse_override
 
 log = logging.getLogger(__name__)
@@ -372,9 +372,10 @@ class V2Routes:
         refusal = call.shed()
         if refusal is not None:
             return self._refused(refusal, call.outcome.request_id)
+        done_now = DoneNow()
         try:
             decoded = call.decode(self._decode, request)
-            outputs = call.submit(decoded)
+            outputs = call.submit(decoded, on_done=done_now)
         except Exception as error:
             call.fail(error)
             return _with_id(response_for_error(error), call.outcome.request_id)
@@ -389,7 +390,7 @@ class V2Routes:
                 return None
             return self._reply(call, decoded, encoding)
 
-        return Deferred(outputs, finished)
+        return Deferred(outputs, finished, done_now)
 
     def _refused(self, refusal: ServerBusy, request_id: str) -> HttpResponse:
         """The answer to a request refused before it was read. Under overload most requests get one,

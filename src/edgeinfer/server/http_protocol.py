@@ -28,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from http import HTTPStatus
 from typing import Any, TypeAlias, cast
 
@@ -75,15 +76,37 @@ class HttpResponse:
 
 @dataclass(slots=True)
 class Deferred:
-    """An answer that is ``respond(future)`` once ``future`` is done, built in the future's own callback.
+    """An answer that is ``respond(future)`` once ``future`` is done, built in the future's own callback,
+    or sooner through ``done_now``.
 
     A handler could return a future of the response instead, set from a callback of ``future``; but each
     future hands its result on in the next loop iteration, so that answer would be written an iteration
-    later, and under load an iteration is milliseconds of reading other requests. ``respond`` is called
-    for a cancelled ``future`` too (the client went away: nothing is written), returning None."""
+    later, and under load an iteration is milliseconds of reading other requests. The future's own
+    callbacks run in the iteration after the one it was done in, too: whoever completes it can call
+    ``done_now`` right then, and the answer is written in that iteration (the callback then finds it
+    answered). ``respond`` is called for a cancelled ``future`` too (the client went away: nothing is
+    written), returning None."""
 
     future: asyncio.Future[Any]
     respond: Callable[[asyncio.Future[Any]], HttpResponse | None]
+    done_now: DoneNow | None = None
+
+
+class DoneNow:
+    """Called by whoever completes a ``Deferred``'s future, once it is done; answers at most once."""
+
+    __slots__ = ("_answer",)
+
+    def __init__(self) -> None:
+        self._answer: Callable[[], None] | None = None
+
+    def bind(self, answer: Callable[[], None]) -> None:
+        self._answer = answer
+
+    def __call__(self) -> None:
+        answer, self._answer = self._answer, None
+        if answer is not None:
+            answer()
 
 
 Answer: TypeAlias = "HttpResponse | asyncio.Future[HttpResponse] | Deferred"
@@ -357,6 +380,8 @@ class HttpConnection(asyncio.Protocol):
             return
         if isinstance(result, Deferred):
             self._respond = result.respond
+            if result.done_now is not None:
+                result.done_now.bind(partial(self._on_inflight_done, result.future))
             result = result.future
         self._inflight = result
         self._inflight_request = request
@@ -364,6 +389,8 @@ class HttpConnection(asyncio.Protocol):
         result.add_done_callback(self._on_inflight_done)
 
     def _on_inflight_done(self, future: asyncio.Future[Any]) -> None:
+        if future is not self._inflight:  # answered already, from ``Deferred.done_now``
+            return
         self._state.pending -= 1
         request, respond = self._inflight_request, self._respond
         self._inflight = self._inflight_request = self._respond = None
