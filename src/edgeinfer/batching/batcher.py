@@ -84,16 +84,15 @@ class QueueLimits:
 
 ARRIVAL_MEMORY = 0.9  # the mean gap between arrivals follows the last ten or so
 DRAIN_MEMORY = 0.9  # the drain rate follows the last ten or so batches that finished with work waiting
-# A request admitted in a loop iteration is answered in the second iteration after it: the next one
-# batches and runs it, the one after writes the answer (a batch's outputs reach the transport through a
-# future, and a future's callbacks run in the loop's next iteration). Under load each iteration takes
-# about as long as recent ones (``LoopLag.turn_s``), so a request read now still has the rest of this
-# one and those two ahead of it: three turns. Measured with `tiny` (SLO 9.5 ms, the benchmark's
-# open-loop steps of 6 s, two runs each), when answers took one iteration more (four turns ahead):
-# counting 3, 4 and 6 turns answered 98.7 %, 92-98 % and 86 % of 4,140 requests/s with p99 9.1,
-# 7.5-8.3 and 6.2 ms, and at 9,000/s (twice what it sustains) admitted p99 14.7, 13.1 and 10.8 ms,
-# refusals p99 6.2, 5.1-5.2 and 4.4 ms. With the iteration saved and three turns: 91-93 % of 4,140/s
-# at p99 7.6-7.8 ms, and at 9,000/s admitted p99 10.9-11.0 ms, refusals 6.1 ms.
+# A request read in a loop iteration is answered in the next one: the batch it joins runs first thing
+# there (``_flush``), and the transport writes the answer in the same pass (``submit``'s ``on_done``),
+# before the loop reads more requests. Under load each iteration takes about as long as recent ones
+# (``LoopLag.turn_s``), so a request read now has the rest of this one and the next ahead of it: two
+# turns. Answered from the future's callbacks, it waited one iteration more (three turns). Measured
+# with `tiny` (SLO 3.8 ms) on the benchmark's server, open-loop steps of 3 s on fresh servers, three
+# rounds alternating with the code before: at 18,900 requests/s (0.9 of what it sustains) 95.5-96.8 %
+# answered at p99 3.46-3.58 ms, where three turns and answers an iteration later answered 87.1-93.0 %
+# at p99 3.12-3.23 ms; at 13,345/s p50 0.44-0.48 against 0.63-0.64 ms.
 TURNS_TO_ANSWER = 2
 # A merge trial (``policy.MERGE_TRIAL_ROWS``) once in this many scheduling passes that found requests
 # that could have merged and did not, because merging did not pay: at 13,000 `tiny` requests/s that
@@ -399,7 +398,10 @@ class Batcher:
         loop is on time has nothing ahead of it (at concurrency 1 each turn is the request's own
         processing). Once a request of this iteration was refused for it, the rest of the iteration's
         are refused with the same error (they waited longer still), for the cost of counting them: under
-        overload refusals are most of the loop's work.
+        overload refusals are most of the loop's work. The admission margin (``margin.py``) counts here
+        too, for a request that waited: at twice what it sustains (42,000/s, SLO 3.8 ms) `tiny` answered
+        0.2-0.7 % of its requests at p99 4.4-874 ms without it, 6.9-10.7 % at p99 3.0-3.6 ms with it
+        (three rounds alternating on fresh servers).
 
         Why not the sum of wait and queue here as well: measured with `tiny` offered 4,400 requests/s
         (its sustainable rate), 10 fresh servers each, refusing unread on the sum cut the answered rate
