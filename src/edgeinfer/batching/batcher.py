@@ -95,9 +95,8 @@ DRAIN_MEMORY = 0.9  # the drain rate follows the last ten or so batches that fin
 # at p99 3.12-3.23 ms; at 13,345/s p50 0.44-0.48 against 0.63-0.64 ms.
 TURNS_TO_ANSWER = 2
 # A merge trial (``policy.MERGE_TRIAL_ROWS``) once in this many scheduling passes that found requests
-# that could have merged and did not, because merging did not pay: at 13,000 `tiny` requests/s that
-# is tens of trials a second, and a `cnn` under overload has its head wait for a few more images about
-# once a second.
+# that could have merged and did not, because merging did not pay: a pass runs at least one batch, so
+# at most one batch in 64 is a trial, and in it the head waits for at most three more rows.
 MERGE_TRIAL_EVERY = 64
 
 

@@ -23,7 +23,8 @@ arrivals) decides:
   finish at ``t(1), 2 t(1), ... k t(1)`` one by one and all at ``t(k)`` merged, and the mean of the
   first is ``(k + 1)(a + b) / 2``, of the second ``b + k a``: merged is sooner on average exactly when
   ``b >= a``. Otherwise the head runs alone (a CNN on a CPU: merging four requests makes the first wait
-  for all four) and nothing waits.
+  for all four) and nothing waits; but when the batcher asks for a merge trial (``Measured.trial``,
+  ``MERGE_TRIAL_ROWS``), so that sizes above one keep being measured.
 * Waiting for one more request pays only when one is expected sooner than a batch of one would take
   (the mean time between arrivals is at most ``t(1)``), and only while the oldest request, once the next
   arrives and the larger batch runs, still finishes by its due time (its SLO). Otherwise the batch goes
@@ -185,9 +186,9 @@ def _adaptive(
     expired: list[Pending],
     now: float,
 ) -> Decision:
-    """Run the head alone when merging does not pay; else run what is queued now unless one more
-    request is expected before a batch of one would finish and the oldest request can afford to wait
-    for it (see the module docstring)."""
+    """Run the head alone when merging does not pay (but for a merge trial); else run what is queued
+    now unless one more request is expected before a batch of one would finish and the oldest request
+    can afford to wait for it (see the module docstring)."""
     head = candidates[0]
     if measured is not None and not measured.merging_pays():
         if measured.trial:
