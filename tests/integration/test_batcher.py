@@ -634,23 +634,32 @@ async def _judged_next_iteration(batcher, lag, lag_s: float, turn_s: float):
     return batcher.refuse_unread()
 
 
-def test_the_iterations_still_ahead_of_a_request_count_against_its_slo():
-    """10 ms per request, SLO 32 ms, the loop 0.1 ms behind: recent iterations of 10 ms (two of them
-    ahead of a request read now: 20 ms) leave it in time, of 11.5 ms (23 ms) not. A request with
-    nothing behind it (no lag, the first of its iteration) has no iterations ahead: its turn is its
-    own work."""
+def _admitted_refused_alone(refused_turn_s: float, margin_s: float):
+    """``_slo_batcher``'s judgement of three first requests of an iteration: 0.1 ms behind with turns
+    of 10 ms and no margin; 0.1 ms behind with turns of ``refused_turn_s`` and ``margin_s`` of margin;
+    on time (a lone request) with turns of 15 ms."""
     from edgeinfer.batching.lag import LoopLag
 
     async def main():
         lag = LoopLag()
         batcher = _slo_batcher(lag)
+        assert batcher._margin is not None
         admitted = await _judged_next_iteration(batcher, lag, 0.0001, 0.010)
-        refused = await _judged_next_iteration(batcher, lag, 0.0001, 0.0115)
+        batcher._margin.margin_s = margin_s
+        refused = await _judged_next_iteration(batcher, lag, 0.0001, refused_turn_s)
         alone = await _judged_next_iteration(batcher, lag, 0.0, 0.015)
         lag.stop()
         return admitted, refused, alone
 
-    admitted, refused, alone = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_the_iterations_still_ahead_of_a_request_count_against_its_slo():
+    """10 ms per request, SLO 32 ms, the loop 0.1 ms behind: recent iterations of 10 ms (two of them
+    ahead of a request read now: 20 ms) leave it in time, of 11.5 ms (23 ms) not. A request with
+    nothing behind it (no lag, the first of its iteration) has no iterations ahead: its turn is its
+    own work."""
+    admitted, refused, alone = _admitted_refused_alone(refused_turn_s=0.0115, margin_s=0.0)
     assert admitted is None
     assert refused is not None
     assert "0.1 ms behind and 2 loop iterations of 11.5 ms from an answer" in refused.message
@@ -662,20 +671,7 @@ def test_the_admission_margin_counts_for_a_request_that_waited_but_not_for_a_lon
     """The margin steered by the misses (``margin.py``) is added to the wait's prediction too: 10 ms per
     request, SLO 32 ms, 0.1 ms behind with iterations of 10 ms (30.1 ms) is in time with no margin and
     refused with 2 ms of it; a lone request (no lag, the first of its iteration) is not judged on it."""
-    from edgeinfer.batching.lag import LoopLag
-
-    async def main():
-        lag = LoopLag()
-        batcher = _slo_batcher(lag)
-        assert batcher._margin is not None
-        admitted = await _judged_next_iteration(batcher, lag, 0.0001, 0.010)
-        batcher._margin.margin_s = 0.002
-        refused = await _judged_next_iteration(batcher, lag, 0.0001, 0.010)
-        alone = await _judged_next_iteration(batcher, lag, 0.0, 0.015)
-        lag.stop()
-        return admitted, refused, alone
-
-    admitted, refused, alone = asyncio.run(main())
+    admitted, refused, alone = _admitted_refused_alone(refused_turn_s=0.010, margin_s=0.002)
     assert admitted is None
     assert refused is not None
     assert (
