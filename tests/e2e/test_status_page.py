@@ -74,6 +74,7 @@ def screenshot(browser: object, name: str) -> None:
 
 
 def test_the_page_shows_the_models_follows_the_traffic_and_unloads_a_model(server, browser):
+    from selenium.webdriver.support.expected_conditions import alert_is_present
     from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(f"http://127.0.0.1:{server.port}/ui")
@@ -115,7 +116,7 @@ def test_the_page_shows_the_models_follows_the_traffic_and_unloads_a_model(serve
     browser.execute_script(
         "document.querySelector('section.model[data-model=\"text_lower:1\"] button.danger').click()"
     )
-    alert = WebDriverWait(browser, 10).until(lambda driver: driver.switch_to.alert)
+    alert = WebDriverWait(browser, 10).until(alert_is_present())
     assert alert.text == "Unload text_lower?"
     alert.accept()
     wait_for(
@@ -158,11 +159,12 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 def test_with_keys_the_page_asks_for_one_and_its_role_decides_what_it_may_do(keyed, browser):
+    from selenium.webdriver.support.expected_conditions import alert_is_present
     from selenium.webdriver.support.ui import WebDriverWait
 
     browser.set_window_size(1280, 900)
     browser.get(f"http://127.0.0.1:{keyed.port}/ui")  # the page itself needs no key: it holds no data
-    prompt = WebDriverWait(browser, 20).until(lambda driver: driver.switch_to.alert)
+    prompt = WebDriverWait(browser, 20).until(alert_is_present())
     assert "API key" in prompt.text
     prompt.send_keys(METRICS_KEY)
     prompt.accept()
@@ -171,7 +173,7 @@ def test_with_keys_the_page_asks_for_one_and_its_role_decides_what_it_may_do(key
     browser.execute_script(
         "document.querySelector('section.model[data-model=\"matmul:1\"] button.danger').click()"
     )
-    WebDriverWait(browser, 10).until(lambda driver: driver.switch_to.alert).accept()
+    WebDriverWait(browser, 10).until(alert_is_present()).accept()
     wait_for(
         lambda: "needs role 'admin'" in text_of(browser, "#status"), timeout=10, what="the refusal shown"
     )
