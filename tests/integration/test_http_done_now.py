@@ -4,6 +4,7 @@ not a loop iteration later when the future's callbacks run; once, and the connec
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import uvloop
@@ -61,10 +62,14 @@ async def response(reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(length)
 
 
-def test_done_now_answers_at_once_and_only_once_and_the_next_pipelined_request_follows():
-    async def main() -> tuple[list[bytes], list[int], int, bytes, int]:
-        slow = Slow()
-        idle = CountingIdle()
+Scenario = Callable[[asyncio.StreamReader, asyncio.StreamWriter, Slow, CountingIdle], Awaitable[Any]]
+
+
+def serve(scenario: Scenario) -> Any:
+    """Run ``scenario`` against a server answering with ``Slow``, on one client connection."""
+
+    async def main() -> Any:
+        slow, idle = Slow(), CountingIdle()
         server = HttpServer(
             slow.handle,
             lambda status, text: HttpResponse(status, text.encode()),
@@ -75,25 +80,40 @@ def test_done_now_answers_at_once_and_only_once_and_the_next_pipelined_request_f
         await server.start(listening)
         reader, writer = await asyncio.open_connection("127.0.0.1", listening.getsockname()[1])
         try:
-            writer.write(request("/slow") + request("/fast"))  # pipelined: the second waits its turn
-            while slow.future is None:
-                await asyncio.sleep(0.001)
-            assert slow.done_now is not None
-            slow.future.set_result(b"slow")
-            slow.done_now()  # what the batcher does in the pass that completed the future
-            responded_at_once = slow.responded
-            slow.done_now()  # a second call does nothing
-            bodies = [await response(reader), await response(reader)]
-            await asyncio.sleep(0.01)  # the future's own callback has run by now: it must not answer again
-            idles = idle.idles
-            writer.write(request("/fast"))
-            last = await response(reader)
-            return bodies, [responded_at_once], slow.responded, last, idle.idles - idles
+            return await scenario(reader, writer, slow, idle)
         finally:
             writer.close()
             await server.stop(timeout_s=1.0)
 
-    bodies, at_once, responded, last, idled = uvloop.run(main())
+    return uvloop.run(main())
+
+
+async def handed_slow(slow: Slow) -> asyncio.Future[bytes]:
+    """The future of the ``/slow`` request, once the handler has it."""
+    while slow.future is None:
+        await asyncio.sleep(0.001)
+    return slow.future
+
+
+def test_done_now_answers_at_once_and_only_once_and_the_next_pipelined_request_follows():
+    async def scenario(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slow: Slow, idle: CountingIdle
+    ) -> tuple[list[bytes], list[int], int, bytes, int]:
+        writer.write(request("/slow") + request("/fast"))  # pipelined: the second waits its turn
+        future = await handed_slow(slow)
+        assert slow.done_now is not None
+        future.set_result(b"slow")
+        slow.done_now()  # what the batcher does in the pass that completed the future
+        responded_at_once = slow.responded
+        slow.done_now()  # a second call does nothing
+        bodies = [await response(reader), await response(reader)]
+        await asyncio.sleep(0.01)  # the future's own callback has run by now: it must not answer again
+        idles = idle.idles
+        writer.write(request("/fast"))
+        last = await response(reader)
+        return bodies, [responded_at_once], slow.responded, last, idle.idles - idles
+
+    bodies, at_once, responded, last, idled = serve(scenario)
     assert bodies == [b"slow", b"fast"]
     assert at_once == [1], "written in the call that completed the future"
     assert responded == 1
@@ -102,22 +122,12 @@ def test_done_now_answers_at_once_and_only_once_and_the_next_pipelined_request_f
 
 
 def test_without_done_now_the_futures_callback_answers():
-    async def main() -> bytes:
-        slow = Slow()
-        server = HttpServer(
-            slow.handle, lambda status, text: HttpResponse(status, text.encode()), HttpLimits(1024)
-        )
-        listening = bind("127.0.0.1", 0)
-        await server.start(listening)
-        reader, writer = await asyncio.open_connection("127.0.0.1", listening.getsockname()[1])
-        try:
-            writer.write(request("/slow"))
-            while slow.future is None:
-                await asyncio.sleep(0.001)
-            slow.future.set_result(b"late")  # nobody calls done_now (an expired or superseded request)
-            return await response(reader)
-        finally:
-            writer.close()
-            await server.stop(timeout_s=1.0)
+    async def scenario(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slow: Slow, _: CountingIdle
+    ) -> bytes:
+        writer.write(request("/slow"))
+        future = await handed_slow(slow)
+        future.set_result(b"late")  # nobody calls done_now (an expired or superseded request)
+        return await response(reader)
 
-    assert uvloop.run(main()) == b"late"
+    assert serve(scenario) == b"late"

@@ -12,9 +12,10 @@ One slow batch must not bend the line for long, because the line decides whether
 while it says no only batches of one run, so nothing measured corrects it. Batches are measured slow,
 never fast, for reasons that are not the model's: the first run of a shape (ONNX Runtime plans its
 memory then), a run preempted by the load generator on the same cores. A line bent that way stayed
-bent: `tiny` served with an SLO, 1 of 3 fresh servers fitted 35 us per row and no fixed cost from one
-warmup batch of 32 measured at 303 us (10 times its later cost), ran every request alone and answered
-p50 1.4-2.6 ms at 13,000-16,500 requests/s where the others answered 0.6-1.0 ms. So:
+bent: `tiny` served with an SLO, 3 of 21 fresh servers fitted 6-98 us per row and no fixed cost from
+a few such batches (in one, warmup's batch of 32 at 303 us, 10 times its later cost), ran every
+request alone and answered at p50 1.37-1.51 ms at 13,345 requests/s where the others took 0.60-0.73
+ms (docs/batching.md). So:
 
 * a size's first batch is provisional: the second sets its average to the faster of the two;
 * from then on a batch counts at most ``CLIP`` times the size's average (a real slowdown still moves
