@@ -572,7 +572,8 @@ def test_a_request_is_refused_unread_only_when_no_body_could_make_it_in_time():
         refusal = batcher.refuse_unread()  # 20 ms running + 10 ms at priority 1 + 10 ms
         assert refusal is not None
         assert re.search(
-            r"would finish in 40\.0 ms \(queue ahead 30\.0 ms\) against an SLO of 35 ms; "
+            r"would finish in 40\.0 ms \(receiving and decoding one 0\.0 ms, queue ahead 30\.0 ms, "
+            r"server busy 0\.0 ms\) against an SLO of 35 ms; "
             r"it was refused before its body was read",
             refusal.message,
         )
@@ -585,10 +586,11 @@ def test_a_request_is_refused_unread_only_when_no_body_could_make_it_in_time():
     assert batcher.recorder.stats.fail.count == 1
 
 
-def test_before_decoding_the_wait_and_the_queue_are_judged_each_alone():
-    """21 ms of lag and a 20 ms batch running, 10 ms per request, SLO 32 ms: neither alone refuses a
-    request unread (21 + 10 ms; the queue and one row 30 ms); after decoding, admission adds them up
-    and refuses it. At 23 ms of lag the wait alone refuses it unread."""
+def test_before_decoding_the_queue_is_judged_with_the_lag_as_after_decoding():
+    """21 ms of lag and a 20 ms batch running, 10 ms per request, SLO 32 ms: the wait alone would not
+    refuse a request (21 + 10 ms), but the queue is judged as admission judges it after decoding, with
+    the lag (21 + 20 + 10 ms): refused unread. With nothing known of the queue (the request may go to
+    another model), only the wait is judged: 23 ms of lag refuses it."""
     from edgeinfer.batching.lag import LoopLag
 
     async def main():
@@ -600,12 +602,17 @@ def test_before_decoding_the_wait_and_the_queue_are_judged_each_alone():
         await entered(backend, 1)
         await asyncio.sleep(0)  # a new loop iteration: no time spent in this one yet
         lag.lag_s, lag.turn_s = 0.021, 0.0  # (the test's own iterations are not load)
-        assert batcher.refuse_unread() is None
-        with pytest.raises(ServerBusy, match=r"server busy 21\.0 ms\) against an SLO of 32 ms"):
-            submit(batcher, 2.0)
+        assert batcher.refuse_unread(queue_known=False) is None
+        refusal = batcher.refuse_unread()
+        assert refusal is not None
+        assert re.search(
+            r"would finish in 51\.0 ms \(receiving and decoding one 0\.0 ms, queue ahead 20\.0 ms, "
+            r"server busy 21\.0 ms\) against an SLO of 32 ms; it was refused before its body was read",
+            refusal.message,
+        )
         await asyncio.sleep(0)
         lag.lag_s, lag.turn_s = 0.023, 0.0
-        refusal = batcher.refuse_unread()
+        refusal = batcher.refuse_unread(queue_known=False)
         assert refusal is not None
         assert re.search(
             r"the server is 23\.0 ms behind and 2 loop iterations of 0\.0 ms from an answer, against an "
@@ -619,6 +626,34 @@ def test_before_decoding_the_wait_and_the_queue_are_judged_each_alone():
 
     batcher = asyncio.run(main())
     assert batcher.recorder.metrics.refused == {"slo": 2}
+
+
+@pytest.mark.parametrize(("reading_s", "refused"), [(0.002, False), (0.012, True)])
+def test_before_decoding_the_time_a_request_takes_to_arrive_counts_as_the_models_recent_ones_took(
+    reading_s: float, refused: bool
+):
+    """A 20 ms batch running, 10 ms per request, SLO 35 ms, no lag: a request whose body is still to
+    come has, by the model's last request, ``reading_s`` ahead of it before it is even submitted (its
+    SLO counts from its first bytes): 2 ms leaves it in time (32 ms), 12 ms does not (42 ms)."""
+
+    async def main():
+        backend = FakeBackend(hold=True)
+        batcher = _seeded(backend, BatchPolicy(max_batch_size=4, adaptive=True), QueueLimits(slo_s=0.035))
+        running = submit(batcher, 1.0, 2, received_at=time.monotonic() - reading_s)
+        await entered(backend, 1)
+        refusal = batcher.refuse_unread()
+        backend.release()
+        await running
+        return refusal
+
+    refusal = asyncio.run(main())
+    assert (refusal is not None) is refused
+    if refusal is not None:
+        found = r"would finish in ([0-9.]+) ms \(receiving and decoding one ([0-9.]+) ms"
+        match = re.search(found, refusal.message)
+        assert match is not None
+        assert float(match[1]) == pytest.approx(42.0, abs=0.5)
+        assert float(match[2]) == pytest.approx(12.0, abs=0.5)
 
 
 def _slo_batcher(lag):
