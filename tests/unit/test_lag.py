@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from edgeinfer.batching.lag import GONE_S, TIMER_SLACK_S, next_lag
@@ -56,7 +58,17 @@ def test_the_wait_of_a_request_is_the_lag_plus_its_iteration_so_far():
     assert next_turns == turns + 1
 
 
-def test_a_long_turn_is_remembered_at_once_and_forgotten_gradually():
+def _busy(seconds: float) -> None:
+    """Work for ``seconds`` of this thread's CPU time."""
+    import time
+
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
+
+
+def _turns_after(work: Callable[[], None]) -> list[float]:
+    """``turn_s`` after a turn in which ``work`` ran, then after a short turn."""
     import asyncio
     import time
 
@@ -64,16 +76,30 @@ def test_a_long_turn_is_remembered_at_once_and_forgotten_gradually():
 
     async def main() -> list[float]:
         lag = LoopLag()
-        lag.waited_s(time.monotonic() - 0.004)  # this iteration's first request was read 4 ms ago
+        lag.waited_s(time.monotonic())  # this iteration's first request
+        work()
         await asyncio.sleep(0)
         after_long = lag.turn_s
         lag.waited_s(time.monotonic())
         await asyncio.sleep(0)
         return [after_long, lag.turn_s]
 
-    after_long, after_short = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_a_long_turn_is_remembered_at_once_and_forgotten_gradually():
+    after_long, after_short = _turns_after(lambda: _busy(0.004))
     assert after_long >= 0.004
     assert 0.8 * after_long <= after_short < after_long  # FALL: a short turn takes a fifth of it away
+
+
+def test_a_turn_is_the_loops_work_not_the_time_it_was_not_running():
+    """A turn counts in the loop thread's CPU time: 20 ms in which the thread did not run (here it
+    sleeps; under load the OS runs another thread on its core) do not make the next turns look long."""
+    import time
+
+    after_pause, _ = _turns_after(lambda: time.sleep(0.020))
+    assert after_pause < 0.005
 
 
 def test_on_time_ticks_bring_a_long_turn_down_without_turns():
