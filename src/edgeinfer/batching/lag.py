@@ -17,9 +17,10 @@ alone, `tiny` offered twice what it sustains (9,000 requests/s) had its admitted
 
 A turn's length is taken in the loop thread's CPU time, not the clock's: what predicts the next turns
 is the work the loop does in one, and time it lost to being descheduled does not recur. Under a light
-load (`tiny` at 3,000/s, client and server on the same two cores) some iterations took 3.6-5 ms (a
-scheduler tick) after their last read, with no Python running; with the server and the client pinned to
-a core each, no request was refused at that rate in three runs, against 3, 3 and 93 unpinned. Counted
+load (`tiny` at 3,000/s, client and server on the same two cores) some iterations took 3.6-5 ms
+(about a scheduler tick: 4 ms at 250 Hz) after their last read, with no Python running; with the
+server's event loop and the client pinned to a core each, no request was refused at that rate in three
+runs, against 3, 3 and 93 unpinned. Counted
 in clock time, such a turn made the next requests, which had waited 0.1-0.3 ms, look two such turns
 from an answer: refused. Measured on fresh servers, three rounds alternating (`tiny`, SLO 4.1 ms, the
 benchmark's server, 3 s steps), CPU time against clock time: at 3,000/s 0 refusals in each round
