@@ -68,7 +68,6 @@ class _Job:
     future: asyncio.Future[Tensors]
     trace: RequestTrace | None
     on_done: Callable[[], None] | None = None  # ``submit``'s
-    unread_s: float = 0.0  # the loop's lag when it was submitted: about how long it waited unread
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +239,7 @@ class Batcher:
             priority=priority,
             deadline=deadline,
             sequence=next(self._sequence),
-            payload=_Job(work, future, trace, on_done, lag.lag_s if lag is not None else 0.0),
+            payload=_Job(work, future, trace, on_done),
             due=due,
             stream=stream,
         )
@@ -494,12 +493,8 @@ class Batcher:
         await self._idle.wait()
 
     def _on_answered(self, item: Pending, future: asyncio.Future[Tensors]) -> None:
-        """Count a queued request; if it was cancelled while queued, take it out of the queue. Whether
-        it missed its SLO is judged as its client sees it: from about when it was sent, the loop's lag
-        at its submission before its first bytes were read (``margin.py``)."""
-        job: _Job = item.payload  # type: ignore[assignment]
-        due = item.due
-        self._answered(item, item.enqueued_at, future, None if due is None else due - job.unread_s)
+        """Count a queued request; if it was cancelled while queued, take it out of the queue."""
+        self._answered(item, item.enqueued_at, future, item.due)
 
     def _answered(
         self,

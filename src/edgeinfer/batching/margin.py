@@ -17,16 +17,6 @@ admitted request is at the limit (overload), but far too cautious below it, wher
 room and a late one still makes its SLO: `tiny` at 90 % of its sustainable rate then refused 6 % of
 its requests while answering the rest at p99 2.0 ms against an SLO of 2.6 ms.
 
-A miss is judged as the client sees it, as far as the server can tell: from about when the request
-was sent, which is its first bytes' arrival less the loop's lag when it was submitted (the time such
-a request waits unread in its socket; ``Batcher._on_answered``). Judged from its first bytes alone,
-`cnn` offered twice what it sustains (SLO 360 ms) had its admitted requests answered at p99 368-386
-ms by the client's clock; judged with the lag, 358-368 ms (7 runs). `tiny` (SLO 3.8 ms, three rounds
-alternating) answered 94.3-98.8 % at 17,000/s against 82.6-98.2 %, and 14.2-18.4 % at 38,000/s
-against 11.1-16.7 %, within its SLO either way. Most of what is left over at 2x is the overload's
-onset: in one `cnn` run 17 of its 18 late answers came 1.1-1.6 s into the step, before the misses had
-come back to raise the margin.
-
 ``GAIN`` is a share of the SLO, not a time: at 1 %, about 100 misses in a row take the margin from 0 to
 the whole SLO, and a hundred requests in time take back one miss. How fast that is in seconds follows
 the request rate.
