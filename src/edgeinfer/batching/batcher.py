@@ -338,17 +338,8 @@ class Batcher:
         margin_s = self.slo_margin_s
         queued_behind = bool(self._pending or self._running)
         if finish + lag_s + margin_s > due and (queued_behind or now + own_s <= due):
-            finish += lag_s
-            self.recorder.refused("slo")
-            slo_s = self.limits.slo_s or 0.0
-            arrived = slo_s - (due - now)  # how long ago it began to arrive
-            raise ServerBusy(
-                f"model {self.name} is over its latency objective: this request would finish in "
-                f"{(finish - now + arrived) * 1000:.1f} ms (receiving it {arrived * 1000:.1f} ms, queue "
-                f"ahead {backlog_s * 1000:.1f} ms, server busy {lag_s * 1000:.1f} ms)"
-                f"{self._margin_text(margin_s)} against an SLO of {slo_s * 1000:.0f} ms; retry later",
-                retry_after_s=backlog_s + lag_s,
-            )
+            arrived = (self.limits.slo_s or 0.0) - (due - now)  # how long ago it began to arrive
+            raise self._over_slo("this request", "receiving it", arrived, backlog_s, own_s, lag_s, "")
 
     def _margin_text(self, margin_s: float) -> str:
         if not margin_s:
@@ -459,16 +450,38 @@ class Batcher:
         lag_s = lag.lag_s if lag is not None else 0.0
         reading_s = self._reading_s or 0.0
         if lag_s + reading_s + backlog_s + own_s + margin_s > slo_s:
-            self.recorder.refused("slo")
-            return ServerBusy(
-                f"model {self.name} is over its latency objective: a request would finish in "
-                f"{(lag_s + reading_s + backlog_s + own_s) * 1000:.1f} ms (receiving and decoding one "
-                f"{reading_s * 1000:.1f} ms, queue ahead {backlog_s * 1000:.1f} ms, server busy "
-                f"{lag_s * 1000:.1f} ms){self._margin_text(margin_s)} against an SLO of "
-                f"{slo_s * 1000:.0f} ms; it was refused before its body was read; retry later",
-                retry_after_s=backlog_s + lag_s,
+            return self._over_slo(
+                "a request",
+                "receiving and decoding one",
+                reading_s,
+                backlog_s,
+                own_s,
+                lag_s,
+                "it was refused before its body was read; ",
             )
         return None
+
+    def _over_slo(
+        self,
+        who: str,
+        reading: str,
+        reading_s: float,
+        backlog_s: float,
+        own_s: float,
+        lag_s: float,
+        done: str,
+    ) -> ServerBusy:
+        """The refusal (counted) of a request predicted to finish after its SLO, before decoding
+        (``refuse_unread``) or after (``_admit``): what the prediction added up."""
+        self.recorder.refused("slo")
+        slo_s, margin_s = self.limits.slo_s or 0.0, self.slo_margin_s
+        return ServerBusy(
+            f"model {self.name} is over its latency objective: {who} would finish in "
+            f"{(reading_s + backlog_s + own_s + lag_s) * 1000:.1f} ms ({reading} {reading_s * 1000:.1f} ms, "
+            f"queue ahead {backlog_s * 1000:.1f} ms, server busy {lag_s * 1000:.1f} ms)"
+            f"{self._margin_text(margin_s)} against an SLO of {slo_s * 1000:.0f} ms; {done}retry later",
+            retry_after_s=backlog_s + lag_s,
+        )
 
     def _goes_alone(self, rows: int, due: float | None, now: float) -> bool:
         """Whether a request with nothing else in flight runs at once. An adaptive policy is asked (it
