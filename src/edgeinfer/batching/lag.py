@@ -17,18 +17,18 @@ alone, `tiny` offered twice what it sustains (9,000 requests/s) had its admitted
 
 A turn's length is taken in the loop thread's CPU time, not the clock's: what predicts the next turns
 is the work the loop does in one, and time it lost to being descheduled does not recur. Under a light
-load (`tiny` at 3,000/s, client and server on the same two cores) some iterations took 3.6-5 ms
-(about a scheduler tick: 4 ms at 250 Hz) after their last read, with no Python running; with the
-server's event loop and the client pinned to a core each, no request was refused at that rate in three
-runs, against 3, 3 and 93 unpinned. Counted
-in clock time, such a turn made the next requests, which had waited 0.1-0.3 ms, look two such turns
-from an answer: refused. Measured on fresh servers, three rounds alternating (`tiny`, SLO 4.1 ms, the
-benchmark's server, 3 s steps), CPU time against clock time: at 3,000/s 0 refusals in each round
-against 0, 8 and 41; at 18,000/s (about 0.9 of what it sustains) 96.5-99.2 % answered against
-79.7-98.0 %, p99 within the SLO in both; at 41,000/s (2x) the admitted p99 3.6-3.8 ms against 3.4-3.6
-ms, 5.7-8.2 % answered against 10.3-11.1 %. Three more rounds at 18,000/s and 41,000/s: 86.1-97.5 %
-against 64.9-97.3 %, and at 2x the admitted p99 3.3-3.7 ms against 4.7-23 ms (the SLO missed in all
-three). The request's own wait (``waited_s``) stays in clock time: it did wait.
+load (`tiny` at 3,000/s, client and server on the same two cores) some iterations took 3.6-5 ms (about
+a scheduler tick: 4 ms at 250 Hz) after their last read, with no Python running; with the server's
+event loop and the client pinned to a core each, no request was refused at that rate in three runs,
+against 3, 3 and 93 unpinned. Counted in clock time, such a turn made the next requests, which had
+waited 0.1-0.3 ms, look two such turns from an answer: refused. Measured on fresh servers, three
+rounds alternating (`tiny`, SLO 4.1 ms, the benchmark's server, 3 s steps), CPU time against clock
+time: at 3,000/s 0 refusals in each round against 0, 8 and 41; at 18,000/s (about 0.9 of what it
+sustains) 96.5-99.2 % answered against 79.7-98.0 %, p99 within the SLO in both; at 41,000/s (2x) the
+admitted p99 3.6-3.8 ms against 3.4-3.6 ms, 5.7-8.2 % answered against 10.3-11.1 %. Three more rounds
+at 18,000/s and 41,000/s: 86.1-97.5 % against 64.9-97.3 %, and at 2x the admitted p99 3.3-3.7 ms
+against 4.7-23 ms (the SLO missed in all three). The request's own wait (``waited_s``) stays in clock
+time: it did wait.
 
 Two uses (``batcher.py``). Admission counts it as part of a request's wait: a request that has waited
 ``waited_s``, with the turns still ahead of it, is refused before it is decoded once that is more than
