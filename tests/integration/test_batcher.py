@@ -796,6 +796,35 @@ def test_admission_adds_a_margin_while_requests_miss_their_slo():
     assert batcher.slo_margin_s < late_margin_s, "requests in time brought the margin down"
 
 
+def test_the_loops_idle_ticks_calm_the_margin_while_the_model_has_nothing_to_do():
+    """A margin learned under an overload (5 ms of a 10 ms SLO) would outlast it: in an idle spell no
+    answers come to bring it down. The event loop's idle ticks (``lag.py``) do, while the model has
+    nothing queued or running; while a batch runs they do not (that is the load the margin is for)."""
+    from edgeinfer.batching.lag import LoopLag
+
+    async def main():
+        lag = LoopLag()
+        backend = FakeBackend(hold=True)
+        adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
+        batcher = _seeded(backend, adaptive, QueueLimits(slo_s=0.010), lag)
+        assert batcher._margin is not None
+        batcher._margin.margin_s = 0.005
+        running = submit(batcher, 1.0)
+        lag.stop()  # the ticks are the test's, below
+        await entered(backend, 1)
+        lag.idle_ticks += 10
+        busy = batcher.slo_margin_s
+        backend.release()
+        await running
+        lag.idle_ticks += 10
+        return busy, batcher.slo_margin_s
+
+    busy, idle = asyncio.run(main())
+    assert busy == pytest.approx(0.005)
+    in_time = margin.GAIN * 0.010 * 0.01  # what the request answered in time took away
+    assert idle == pytest.approx((0.005 - in_time) * margin.CALM**10)
+
+
 def test_a_request_predicted_to_miss_its_timeout_gets_504_at_once():
     async def main():
         backend = FakeBackend(hold=True)

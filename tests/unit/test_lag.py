@@ -124,3 +124,33 @@ def test_on_time_ticks_bring_a_long_turn_down_without_turns():
     late, on_time = asyncio.run(main())
     assert late == pytest.approx(0.020)
     assert on_time == pytest.approx(0.020 * FALL)
+
+
+def test_a_tick_on_time_with_no_request_read_since_the_last_one_counts_as_idle():
+    """Idle ticks are what calms the admission margin after an overload: a tick on time with no
+    request read for a whole interval counts; one after a request was read (``waited_s``), or a late
+    one, does not."""
+    import asyncio
+    import time
+
+    from edgeinfer.batching.lag import INTERVAL_S, LoopLag
+
+    async def main() -> list[int]:
+        lag = LoopLag()
+        lag.start()
+        counts = []
+
+        def tick(due: float) -> None:  # one tick by hand (each schedules the next: cancelled)
+            lag._tick(due)
+            lag.stop()
+            counts.append(lag.idle_ticks)
+
+        lag._last_use = time.monotonic() - 2 * INTERVAL_S  # nothing read for two intervals
+        tick(time.monotonic())
+        lag.waited_s(time.monotonic())  # a request read
+        tick(time.monotonic())
+        lag._last_use = time.monotonic() - 2 * INTERVAL_S
+        tick(time.monotonic() - 0.020)  # 20 ms late: the loop was behind, not idle
+        return counts
+
+    assert asyncio.run(main()) == [1, 1, 1]

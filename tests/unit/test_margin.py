@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgeinfer.batching.margin import GAIN, SloMargin
+from edgeinfer.batching.margin import CALM, GAIN, SloMargin
 
 SLO_S = 0.100
 UP = GAIN * SLO_S * 0.99  # a miss, for a p99 objective
@@ -56,3 +56,16 @@ def test_a_share_over_the_allowance_raises_it_and_under_lowers_it() -> None:
 def test_the_quantile_must_be_a_share(q: float) -> None:
     with pytest.raises(ValueError, match="between 0 and 1"):
         SloMargin(SLO_S, q)
+
+
+def test_an_idle_spell_calms_the_margin_and_ends_it_below_one_step():
+    """Each idle tick keeps CALM of the margin; once it is below what one request in time takes away,
+    it is 0 (no tail of nanoseconds)."""
+    margin = SloMargin(SLO_S, 0.99)
+    margin.margin_s = 0.002
+    margin.calm(1)
+    assert margin.margin_s == pytest.approx(0.002 * CALM)
+    margin.calm(3)
+    assert margin.margin_s == pytest.approx(0.002 * CALM**4)
+    margin.calm(1_000)
+    assert margin.margin_s == 0.0

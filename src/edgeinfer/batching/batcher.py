@@ -150,6 +150,7 @@ class Batcher:
         self._done_now: list[Callable[[], None]] = []  # ``on_done`` of requests answered in this pass
         # what admission adds to its predictions, steered by the share of requests missing the SLO
         self._margin = SloMargin(limits.slo_s, limits.slo_quantile) if limits.slo_s is not None else None
+        self._idle_seen = 0  # the loop's idle ticks (``lag.py``) the margin has been calmed for
         self._spans = spans
 
     @property
@@ -163,8 +164,16 @@ class Batcher:
 
     @property
     def slo_margin_s(self) -> float:
-        """What admission adds to its predictions (``margin.py``)."""
-        return self._margin.margin_s if self._margin is not None else 0.0
+        """What admission adds to its predictions now (``margin.py``): first calmed for the loop's idle
+        ticks since it was last read, if the model has nothing queued or running."""
+        margin, lag = self._margin, self._lag
+        if margin is None:
+            return 0.0
+        if lag is not None and lag.idle_ticks != self._idle_seen:
+            if not (self._pending or self._running):
+                margin.calm(lag.idle_ticks - self._idle_seen)
+            self._idle_seen = lag.idle_ticks
+        return margin.margin_s
 
     @property
     def outstanding(self) -> int:

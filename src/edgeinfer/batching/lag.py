@@ -35,9 +35,10 @@ Two uses (``batcher.py``). Admission counts it as part of a request's wait: a re
 its SLO allows, and refusing costs less than answering, so the loop catches up. And adaptive batching
 stops running a lone request at once while the loop lags: a model fast enough to run inline would
 otherwise answer every request alone, in the order the loop reads them, and never merge the ones read
-in the same iteration. Cheap:
-200 timer callbacks a second while requests come, none after ``IDLE_S`` without one; one callback per
-iteration that reads an inference request.
+in the same iteration. The timer also counts its idle ticks (on time, and no request read since the
+tick before): in such a spell the admission margin, learned under load, calms down (``margin.py``).
+Cheap: 200 timer callbacks a second while requests come, none after ``IDLE_S`` without one; one
+callback per iteration that reads an inference request.
 """
 
 from __future__ import annotations
@@ -67,7 +68,17 @@ def next_lag(lag_s: float, late_s: float) -> float:
 class LoopLag:
     """One per event loop (the registry's); ``lag_s`` is read on the hot path."""
 
-    __slots__ = ("_handle", "_last_use", "_loop", "_turn_cpu", "_turn_started", "lag_s", "turn_s", "turns")
+    __slots__ = (
+        "_handle",
+        "_last_use",
+        "_loop",
+        "_turn_cpu",
+        "_turn_started",
+        "idle_ticks",
+        "lag_s",
+        "turn_s",
+        "turns",
+    )
 
     def __init__(self) -> None:
         self.lag_s = 0.0
@@ -77,6 +88,7 @@ class LoopLag:
         self._turn_started: float | None = None  # when this loop iteration read its first request
         self._turn_cpu = 0.0  # the loop thread's CPU time then (``time.thread_time``)
         self.turns = 0  # turns over so far: equal numbers, the same iteration
+        self.idle_ticks = 0  # ticks so far that came on time with no request read since the one before
         # how long recent turns took, in the loop thread's CPU time: up at once with a long one, down
         # gradually with each shorter one
         # and each on-time tick (after an overload the loop is idle, and turns are few: the ticks are
@@ -86,6 +98,7 @@ class LoopLag:
     def waited_s(self, now: float) -> float:
         """How long a request read ``now`` (monotonic) has waited at least: the lag, plus the time since
         the first request of this loop iteration was read (the first one starts the turn: 0)."""
+        self._last_use = now
         started = self._turn_started
         if started is None:
             self._turn_started = now
@@ -129,6 +142,8 @@ class LoopLag:
         self.lag_s = next_lag(self.lag_s, late_s)
         if late_s <= TIMER_SLACK_S:  # on time: the loop is not behind, and long turns are past
             self.turn_s = next_lag(self.turn_s, 0.0)
+            if now - self._last_use > INTERVAL_S:
+                self.idle_ticks += 1
         if now - self._last_use > IDLE_S:
             self._handle = None
             self.lag_s = self.turn_s = 0.0
