@@ -15,13 +15,14 @@ ARG RUNTIME_IMAGE=gcr.io/distroless/python3-debian12:nonroot
 
 FROM ${BUILD_IMAGE} AS build
 ARG EXTRAS=""
-# Debian's current versions are the ones wanted; this stage is thrown away (binutils: strip).
+# Debian's current versions are the ones wanted; this stage is thrown away (binutils: strip; gcc: the
+# C part of the wheel, setup.py).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv binutils ca-certificates \
+    && apt-get install -y --no-install-recommends python3 python3-venv binutils ca-certificates gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY src ./src
 COPY deploy/container/slim-venv.sh /usr/local/bin/
 # The wheel, then the runtime environment from it, then slimmed (see slim-venv.sh).

@@ -24,13 +24,13 @@ $(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
 
-$(STAMP): pyproject.toml | $(BIN)/uv
+$(STAMP): pyproject.toml setup.py src/edgeinfer/protocol/_jsonscan.c | $(BIN)/uv
 	$(INSTALL) --compile-bytecode -e '.[dev,bench]'
 	$(COMPILE)
 	touch $(STAMP) $(SERVE_STAMP)
 
 # serving needs only the package and Pillow (the image pipeline example): a first answer sooner
-$(SERVE_STAMP): pyproject.toml | $(BIN)/uv
+$(SERVE_STAMP): pyproject.toml setup.py src/edgeinfer/protocol/_jsonscan.c | $(BIN)/uv
 	$(INSTALL) -e '.[examples]'
 	$(COMPILE)
 	touch $(SERVE_STAMP)

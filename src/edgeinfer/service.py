@@ -51,6 +51,7 @@ from edgeinfer.runners import Tensors, Work
 from edgeinfer.shadow import Shadows
 
 if TYPE_CHECKING:
+    from edgeinfer.batching.batcher import Batcher
     from edgeinfer.canary import Canaries
     from edgeinfer.tracing import TraceHeaders, Tracing
 from edgeinfer.validation import (
@@ -584,6 +585,7 @@ class InferenceCall:
     """
 
     __slots__ = (
+        "_expected",
         "_judged",
         "_model",
         "_output_parameters",
@@ -607,6 +609,7 @@ class InferenceCall:
         self._recorded = False
         self._judged = False  # ``shed`` ran
         self._settled: ModelVersion | None = None  # picked before decoding (the body cannot change it)
+        self._expected: Batcher | None = None  # counting this request as arriving (``defer``)
 
     @property
     def request_id(self) -> str:
@@ -624,6 +627,20 @@ class InferenceCall:
             outcome.decode_s = time.perf_counter() - outcome.started
             self._record(refusal)
         return refusal
+
+    def defer(self) -> None:
+        """The transport decodes this request off the event loop (it comes back to ``decode`` later):
+        until it is submitted or fails, the queue of the version judged before decoding counts it as
+        arriving, so that requests judged meanwhile see it ahead of them (``Batcher.expect``)."""
+        entry = self._settled
+        if entry is not None and entry.serving is not None and self._expected is None:
+            self._expected = entry.serving.batcher
+            self._expected.expect()
+
+    def _arrived(self) -> None:
+        expected, self._expected = self._expected, None
+        if expected is not None:
+            expected.expected()
 
     def decode(self, decoder: Callable[[A], InferRequest], data: A) -> InferRequest:
         """``decoder(data)``, timed. The request id: the transport's, else the body's, else a new one.
@@ -663,6 +680,7 @@ class InferenceCall:
         self.request = request
         if not self.outcome.request_id:
             self.outcome.request_id = request.id or new_request_id()
+        self._arrived()
         try:
             self._outputs = self._queue(request, deadline_s, on_done)
         except ModelEvicted:
@@ -768,6 +786,7 @@ class InferenceCall:
             self._record(error)
 
     def _record(self, error: BaseException | None) -> None:
+        self._arrived()
         self._recorded = True
         if not self.outcome.request_id:
             self.outcome.request_id = new_request_id()

@@ -145,6 +145,17 @@ def test_image_is_small_and_runs_as_a_fixed_non_root_user(image: str):
 
 
 @pytest.mark.deploy
+def test_the_image_decodes_large_json_bodies_without_the_gil(image: str):
+    """The build stage has a C compiler, so the wheel carries protocol/_jsonscan.c built (setup.py)."""
+    check = "import sys; from edgeinfer.protocol import json_scan; sys.exit(not json_scan.available())"
+    found = subprocess.run(
+        ["podman", "run", "--rm", *_engine_flags(), "--entrypoint", "python3", image, "-c", check],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr
+
+
+@pytest.mark.deploy
 def test_readme_curl_example_against_the_container(container):
     env = {**os.environ, "URL": f"http://127.0.0.1:{container['http']}"}
     result = subprocess.run(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from unittest import mock
 
 import grpc
 import numpy as np
@@ -23,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgeinfer.errors import InvalidInput
-from edgeinfer.protocol import grpc_codec, http_binary, json_codec
+from edgeinfer.protocol import grpc_codec, http_binary, json_codec, json_scan
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
 from edgeinfer.validation import RequestLimits, check_sizes
 from tests.support import EXAMPLES, ServerProcess, infer_body, request
@@ -98,6 +99,46 @@ def test_json_decoder_on_v2_shaped_documents(document: dict, large: bool):
             else body
         )
     decode_or_client_error(json_codec.decode_request, body)
+
+
+def decoded_or_message(decode: object, *args: object) -> object:
+    """What a decoder makes of a body: the request's fields, or its client error's message."""
+    try:
+        request = decode(*args)  # type: ignore[operator]
+    except InvalidInput as error:
+        return str(error)
+    inputs = {name: (array.dtype, array.shape, array.tobytes()) for name, array in request.inputs.items()}
+    return (inputs, request.id, request.parameters, request.outputs, request.input_parameters)
+
+
+# tensors whose data fits their shape: numbers of every kind a client writes, for any datatype
+fitting_tensors = st.builds(
+    lambda name, datatype, data: {"name": name, "datatype": datatype, "shape": [len(data)], "data": data},
+    st.sampled_from(["x", "y"]),
+    st.sampled_from(DATATYPES),
+    st.lists(
+        st.one_of(INT64, st.integers(-300, 300), st.floats(), st.floats(width=32)), min_size=1, max_size=6
+    )
+    | st.lists(st.integers(0, 255), min_size=1, max_size=6),
+)
+fitting_documents = st.fixed_dictionaries(
+    {"inputs": st.lists(fitting_tensors | tensors, min_size=1, max_size=3)},
+    optional={"id": json_values, "parameters": st.dictionaries(st.text(max_size=8), json_values, max_size=3)},
+)
+
+
+@FUZZ
+@given(documents | fitting_documents)
+def test_json_decoder_with_every_numeric_array_scanned_without_the_gil(document: dict):
+    """The GIL-free scan (json_scan.py), taking every numeric array of two numbers or more: the same
+    request or the same message as the other paths."""
+    if not json_scan.available():
+        pytest.skip("the C library was not built (no compiler)")
+    body = orjson.dumps(document)
+    with mock.patch.object(json_scan, "MIN_COUNT", 2):  # shapes here are [n]: data alone
+        scanned = json_scan.float32_arrays(body)
+    expected = decoded_or_message(json_codec.decode_request, body)
+    assert decoded_or_message(json_codec.decode_request, body, json_codec.MAX_DEPTH, scanned) == expected
 
 
 @FUZZ

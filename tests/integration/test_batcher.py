@@ -586,6 +586,33 @@ def test_a_request_is_refused_unread_only_when_no_body_could_make_it_in_time():
     assert batcher.recorder.stats.fail.count == 1
 
 
+def test_requests_still_being_decoded_count_ahead_of_those_judged_before_decoding():
+    """SLO 35 ms, 10 ms a request, a 20 ms batch running: a request judged before decoding fits (20 +
+    10 ms) until one let in before it is still being decoded off the loop (``expect``): that one will
+    join the queue first (20 + 10 + 10 ms), so the next is refused. Once it arrives (``expected``, then
+    its own admission counts it as queued) the count goes, and a request still would fit again while
+    nothing else is queued."""
+
+    async def main():
+        backend = FakeBackend(hold=True)
+        adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
+        batcher = _seeded(backend, adaptive, QueueLimits(slo_s=0.035))
+        running = submit(batcher, 1.0, 2)  # 20 ms
+        await entered(backend, 1)
+        assert batcher.refuse_unread() is None
+        batcher.expect()
+        assert batcher.refuse_unread(queue_known=False) is None  # it may go elsewhere: the wait only
+        refusal = batcher.refuse_unread()
+        assert refusal is not None
+        assert "queue ahead 30.0 ms" in refusal.message
+        batcher.expected()  # it failed to decode: it will not come
+        assert batcher.refuse_unread() is None
+        backend.release()
+        await running
+
+    asyncio.run(main())
+
+
 def test_before_decoding_the_queue_is_judged_with_the_lag_as_after_decoding():
     """21 ms of lag and a 20 ms batch running, 10 ms per request, SLO 32 ms: the wait alone would not
     refuse a request (21 + 10 ms), but the queue is judged as admission judges it after decoding, with

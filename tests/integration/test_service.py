@@ -201,6 +201,40 @@ def test_a_call_records_success_and_each_failure_exactly_once(tmp_path: Path, ca
     assert lines[0].request_id == "given-id"
 
 
+def test_a_call_decoded_off_the_loop_counts_as_arriving_until_submitted_or_failed(tmp_path: Path):
+    """``defer``: the version judged before decoding counts the request as arriving (admission before
+    decoding sees it ahead) until it is submitted or fails, once, however often either is called."""
+    path = matmul_model(tmp_path / "m.onnx")
+
+    async def main():
+        service = build()
+        await service.registry.load([onnx_source(path, max_batch_size=8)])
+        batcher = service.router.pick("m").serving.batcher
+        arriving = []
+        submitted = service.call("test", "m", None)
+        assert submitted.shed() is None
+        submitted.defer()
+        submitted.defer()  # once only
+        failed = service.call("test", "m", None)
+        assert failed.shed() is None
+        failed.defer()
+        arriving.append(batcher._arriving)
+        outputs = submitted.submit(x())
+        arriving.append(batcher._arriving)
+        failed.fail(InvalidInput("the body was not JSON"))
+        failed.fail(InvalidInput("recorded already"))
+        arriving.append(batcher._arriving)
+        await outputs
+        submitted.respond(lambda response: response)
+        arriving.append(batcher._arriving)
+        unjudged = service.call("test", "m", None)
+        unjudged.defer()  # nothing judged before decoding: nothing to count in
+        arriving.append(batcher._arriving)
+        return arriving
+
+    assert run(main) == [2, 1, 0, 0, 0]
+
+
 def test_requested_outputs_and_output_parameters_reach_the_response(tmp_path: Path):
     async def main():
         service = build()

@@ -137,6 +137,7 @@ class Batcher:
         self._ran_this_turn = False  # a request ran alone inline in this loop iteration (``_run_alone``)
         self._outstanding = 0  # submitted and not yet answered
         self._running_rows = 0
+        self._arriving = 0  # judged and let in, still being decoded off the loop (``expect``)
         self._gap_s: float | None = None  # mean time between arrivals, while requests keep coming
         # mean time from first bytes to submission: receiving and decoding a request (refuse_unread)
         self._reading_s: float | None = None
@@ -152,6 +153,20 @@ class Batcher:
         self._margin = SloMargin(limits.slo_s, limits.slo_quantile) if limits.slo_s is not None else None
         self._idle_seen = 0  # the loop's idle ticks (``lag.py``) the margin has been calmed for
         self._spans = spans
+
+    def expect(self) -> None:
+        """A request let in by ``refuse_unread`` is being decoded off the event loop (a large JSON body on
+        the HTTP server's JSON thread): until ``expected``, requests judged before decoding count it
+        ahead of them, as one row. Without it they see none of the requests still in the decoder's
+        queue, and under overload let in many that are refused only after their turn to be decoded:
+        `cnn` (1.6 MB JSON images) at twice what it sustains refused 44-49 % of its requests after
+        decoding, at p50 34-44 ms; with it, 1-2 % (docs/batching.md, "Decoding off the loop")."""
+        self._arriving += 1
+
+    def expected(self) -> None:
+        """The request of ``expect`` was submitted (``_admit`` judges it with the queue it then finds,
+        so it no longer counts as arriving) or failed before it could be."""
+        self._arriving -= 1
 
     @property
     def queue_length(self) -> int:
@@ -358,14 +373,15 @@ class Batcher:
             f", plus a margin of {margin_s * 1000:.1f} ms (what keeps the requests missing it to {missing})"
         )
 
-    def _backlog_s(self, cost: CostModel, priority: int) -> float:
+    def _backlog_s(self, cost: CostModel, priority: int, arriving: int = 0) -> float:
         """How long until a request of ``priority`` would start: the rows queued ahead of it (at its
         priority or a higher one) and the batches now running, at the measured cost, shared by the
         runner's concurrent slots. Queued requests count as the batches they will run in: full ones
         where they merge, one each where the adaptive policy runs them alone (merging does not pay):
         each pays the per-call cost. While the queue is draining, it counts at least at the rate it
-        drains (``_drained``)."""
-        requests_ahead = rows_ahead = 0
+        drains (``_drained``). ``arriving``: requests that will join the queue before this one, one
+        row each (``expect``)."""
+        requests_ahead = rows_ahead = arriving
         for level, (count, rows_queued) in self._queued.items():
             if level <= priority:
                 requests_ahead += count
@@ -432,7 +448,7 @@ class Batcher:
             turns_s = TURNS_TO_ANSWER * lag.turn_s if waited_s else 0.0
         else:
             waited_s = turns_s = 0.0
-        queued_behind = queue_known and bool(self._pending or self._running)
+        queued_behind = queue_known and bool(self._pending or self._running or self._arriving)
         if not (waited_s or turns_s or queued_behind):
             return None
         cost = self.runner.cost
@@ -455,7 +471,7 @@ class Batcher:
             return refusal
         if not queued_behind:
             return None
-        backlog_s = self._backlog_s(cost, HIGHEST_PRIORITY)
+        backlog_s = self._backlog_s(cost, HIGHEST_PRIORITY, self._arriving)
         lag_s = lag.lag_s if lag is not None else 0.0
         reading_s = self._reading_s or 0.0
         if lag_s + reading_s + backlog_s + own_s + margin_s > slo_s:

@@ -10,6 +10,12 @@ is parsed by simdjson instead, and each flat numeric ``data`` array is copied in
 the parsed document (2.1x faster on a 64x64 image, 3.2x on the benchmark's 224x224 one). Anything
 unusual about an input (nested or ragged data, non-numbers, values out of range) takes the ordinary
 path, so the checks and messages are the same either way.
+
+Where a JSON image must not hold the GIL (the HTTP server decodes large bodies on a worker thread, so
+that its event loop goes on reading other requests), ``json_scan.float32_arrays`` takes the long numeric
+arrays out first without the GIL, and ``decode_request`` parses only the rest (``_decode_scanned``):
+the same request as the other paths, or, when the arrays are anything but float32 data that fits its
+input, the body decoded by them.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import functools
 import importlib
 import logging
 import math
+import secrets
 from types import ModuleType
 from typing import Any, NoReturn
 
@@ -26,6 +33,7 @@ import orjson
 
 from edgeinfer.errors import InvalidInput, LimitExceeded
 from edgeinfer.protocol.datatypes import V2_TO_NUMPY, check_shape, numpy_dtype, v2_datatype
+from edgeinfer.protocol.json_scan import NumericArrays
 from edgeinfer.protocol.types import InferRequest, InferResponse, Parameters, RequestedOutput
 
 log = logging.getLogger(__name__)
@@ -74,8 +82,15 @@ def _simdjson() -> ModuleType | None:
         return None
 
 
-def decode_request(body: bytes | bytearray | memoryview, max_depth: int = MAX_DEPTH) -> InferRequest:
-    """Decode a V2 inference request whose tensors are all in JSON."""
+def decode_request(
+    body: bytes | bytearray | memoryview, max_depth: int = MAX_DEPTH, scanned: NumericArrays | None = None
+) -> InferRequest:
+    """Decode a V2 inference request whose tensors are all in JSON; ``scanned``: its long numeric arrays,
+    already parsed (``json_scan.float32_arrays(body)``)."""
+    if scanned is not None:
+        request = _decode_scanned(bytes(body), scanned, max_depth)
+        if request is not None:
+            return request
     if len(body) >= LARGE_BODY_BYTES and _simdjson() is not None:
         # no bracket count here: on an image it costs a third of the parse, and the walk it would
         # spare is small (numeric data decoded into arrays is not walked)
@@ -83,6 +98,71 @@ def decode_request(body: bytes | bytearray | memoryview, max_depth: int = MAX_DE
     depth_limit = max_depth if may_nest_deeper(body, max_depth) else None
     document = loads_object(body)
     return decode_request_object(document, binary_inputs=None, max_depth=depth_limit)
+
+
+# What stands for a scanned array in the rest of the body: a string no client can guess, so that none
+# sends one in the place of an array to get another's data.
+_SCANNED = f"edgeinfer-scanned-{secrets.token_hex(16)}-"
+_EXACT_IN_FLOAT32 = 2**24 - 1  # integers up to this magnitude convert to float32 and back unchanged
+
+
+def _decode_scanned(body: bytes, scanned: NumericArrays, max_depth: int) -> InferRequest | None:
+    """The request, its scanned arrays standing in for the inputs' ``data`` they are, or None when they
+    are anything else (in another field, not what ``_scanned_tensor`` takes, or not the input's size):
+    the body then goes the other paths, which say what is wrong if anything is."""
+    pieces: list[bytes] = []
+    position = 0
+    for index, (start, end) in enumerate(zip(scanned.starts, scanned.ends, strict=True)):
+        pieces += (body[position:start], b'"', f"{_SCANNED}{index}".encode(), b'"')
+        position = end
+    pieces.append(body[position:])
+    rest = b"".join(pieces)
+    try:
+        document = orjson.loads(rest)
+    except orjson.JSONDecodeError:
+        return None  # the other paths give the message about the whole body
+    raw_inputs = document.get("inputs") if isinstance(document, dict) else None
+    if not isinstance(raw_inputs, list):
+        return None
+    names = [raw.get("name") for raw in raw_inputs if isinstance(raw, dict)]
+    if len(set(map(repr, names))) != len(names):
+        return None  # a name twice: the other paths say which comes first, the same way
+    arrays: dict[str, np.ndarray] = {}
+    for raw in raw_inputs:
+        data = raw.get("data") if isinstance(raw, dict) else None
+        if not isinstance(data, str) or not data.startswith(_SCANNED):
+            continue
+        index = int(data[len(_SCANNED) :])
+        values = _scanned_tensor(raw.get("datatype"), scanned.values[index], scanned.integers[index])
+        name, shape = raw.get("name"), raw.get("shape")
+        if values is None or not isinstance(name, str):
+            return None
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            return None
+        if math.prod(shape) != values.size:
+            return None
+        arrays[name] = values.reshape(shape)
+        del raw["data"]
+    if len(arrays) != len(scanned.values):
+        return None  # an array somewhere else (or a placeholder twice): decoded the ordinary way
+    depth_limit = max_depth if may_nest_deeper(rest, max_depth) else None
+    return decode_request_object(document, arrays, depth_limit)
+
+
+def _scanned_tensor(datatype: Any, values: np.ndarray, integers: bool) -> np.ndarray | None:
+    """A scanned array as ``datatype``, if it is exactly what the other paths make of it: FP32 always
+    (the scan rounds as they do); an integer type when every number was written as an integer of
+    magnitude below 2^24 (float32 holds those exactly) within the type's range. None otherwise."""
+    if datatype == "FP32":
+        return values
+    dtype = V2_TO_NUMPY.get(datatype) if isinstance(datatype, str) else None
+    if dtype is None or dtype.kind not in "iu" or not integers:
+        return None
+    limits = np.iinfo(dtype)
+    low, high = max(limits.min, -_EXACT_IN_FLOAT32), min(limits.max, _EXACT_IN_FLOAT32)
+    if values.min() < low or values.max() > high:
+        return None
+    return values.astype(dtype)
 
 
 def may_nest_deeper(raw: bytes | bytearray | memoryview, limit: int) -> bool:
