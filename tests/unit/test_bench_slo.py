@@ -1,0 +1,25 @@
+"""bench/slo.py's targets: a step in which the load generator fell behind is shown but not counted."""
+
+from __future__ import annotations
+
+from bench import slo
+
+
+def step(model: str, config: str, offered: float, p99_ms: float, **extra: object) -> slo.RampPoint:
+    return slo.RampPoint(model, config, offered, offered, 0.5, p99_ms, 0, 0.0, 0, 0.1, **extra)
+
+
+def test_a_step_the_client_fell_behind_in_is_shown_and_not_counted():
+    points = []
+    for model, slo_ms in (("tiny", 4.0), ("cnn", 300.0)):
+        for config in ("slo", "b8_w0"):
+            points += [step(model, config, 1000.0, slo_ms / 2), step(model, config, 2000.0, slo_ms / 2)]
+        # a stall at 1,000/s: 30 ms late, refused or slow; the step again kept the SLO
+        points.insert(0, step(model, "slo", 1000.0, 80.0 * slo_ms, client_behind=True))
+    found = {"tiny": {"slo_ms": 4.0}, "cnn": {"slo_ms": 300.0}}
+    light = {"tiny_c1": [{"ratio": 0.5}], "cnn_c8_images_per_s": 9.0, "cnn_inprocess_images_per_s": 10.0}
+    summary = slo.targets(points, found, light, {})
+    assert summary["tiny"]["slo_holds_up_to_share_of_sustainable"] == 1.0
+    assert summary["cnn"]["configs"]["slo"]["holds_slo_up_to"] == 2000.0
+    table = slo.points_table(points)
+    assert table.count("slo (client behind, repeated)") == 2
