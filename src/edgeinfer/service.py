@@ -581,7 +581,7 @@ class InferenceCall:
     Transports use it in four steps: ``decode`` (their decoder, timed; the request id), ``submit`` (a
     future of the outputs; cancelling it drops the queued request), ``respond`` (their encoder, timed) or
     ``fail`` (an error they met, or cancellation). The outcome is recorded exactly once, at ``respond``
-    or the first ``fail``.
+    or the first ``fail``. A transport that decodes a body off the event loop calls ``defer`` first.
     """
 
     __slots__ = (

@@ -14,8 +14,8 @@ path, so the checks and messages are the same either way.
 Where a JSON image must not hold the GIL (the HTTP server decodes large bodies on a worker thread, so
 that its event loop goes on reading other requests), ``json_scan.float32_arrays`` takes the long numeric
 arrays out first without the GIL, and ``decode_request`` parses only the rest (``_decode_scanned``):
-the same request as the other paths, or, when the arrays are anything but float32 data that fits its
-input, the body decoded by them.
+the same request as the other paths, or, when an array is anything but data that fits its input
+exactly (FP32, or integers for an integer type), the body decoded by them.
 """
 
 from __future__ import annotations
