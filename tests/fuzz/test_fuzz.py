@@ -111,6 +111,41 @@ def decoded_or_message(decode: object, *args: object) -> object:
     return (inputs, request.id, request.parameters, request.outputs, request.input_parameters)
 
 
+# text made of JSON's punctuation and of numbers, good and bad: arrays of numbers, broken ones, strings
+number_text = (
+    st.floats(allow_nan=False).map(repr)
+    | st.floats(width=32).map(repr)
+    | st.integers(-(2**70), 2**70).map(str)
+    | st.sampled_from(["-0", "0.0", "-0.0", "1e5", "1E-5", "01", "1.", ".5", "+1", "1e", "-", "NaN"])
+)
+punctuation = st.sampled_from(["[", "]", ",", " ", "\n", '"', "\\", '\\"', "{", "}", ":", "x"])
+arrays_text = st.lists(number_text, min_size=1, max_size=8).map(lambda numbers: "[" + ",".join(numbers) + "]")
+json_like_text = st.text(alphabet='0123456789[]{}",:.eE+- \\\ntx', max_size=400) | st.lists(
+    arrays_text | number_text | punctuation, max_size=30
+).map("".join)
+
+
+@FUZZ
+@given(json_like_text)
+def test_the_gil_free_scan_on_json_like_text(text: str):
+    """The C scan on text made of JSON's punctuation and numbers' characters: it never reads out of
+    bounds (a crash would end the run) and every array it takes is, by the ordinary parser, a flat
+    array of numbers whose float32 values are the ones it gives."""
+    if not json_scan.available():
+        pytest.skip("the C library was not built (no compiler)")
+    body = text.encode()
+    with mock.patch.object(json_scan, "MIN_COUNT", 1):
+        found = json_scan.float32_arrays(body)
+    if found is None:
+        return
+    for start, end, values in zip(found.starts, found.ends, found.values, strict=True):
+        numbers = orjson.loads(body[start:end])
+        assert isinstance(numbers, list)
+        assert all(isinstance(number, (int, float)) and not isinstance(number, bool) for number in numbers)
+        expected = np.array([float(number) for number in numbers]).astype(np.float32)
+        np.testing.assert_array_equal(values.view(np.uint32), expected.view(np.uint32))
+
+
 # tensors whose data fits their shape: numbers of every kind a client writes, for any datatype
 fitting_tensors = st.builds(
     lambda name, datatype, data: {"name": name, "datatype": datatype, "shape": [len(data)], "data": data},
