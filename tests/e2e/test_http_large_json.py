@@ -71,19 +71,40 @@ def test_tritonclient_sending_json_tensors(example_server: ServerProcess):
 
 
 @pytest.mark.parametrize(
-    ("body", "words"),
+    ("body", "headers", "message"),
     [
-        (body_of(rows())[:-3], "request body is not valid JSON"),
-        (body_of(rows()).replace(b'"shape":[4000,16]', b'"shape":[4001,16]'), "INPUT0"),
-        (body_of(rows(), "INT32"), "INPUT0"),  # floats for an integer type: the ordinary path says so
-        (body_of(np.arange(ROWS * 16, dtype=np.float32).reshape(ROWS, 16), "INT32"), "INT32"),
+        (body_of(rows())[:-3], {}, "request body is not valid JSON: "),
+        (
+            body_of(rows()).replace(b'"shape":[4000,16]', b'"shape":[4001,16]'),
+            {},
+            "input 'INPUT0': shape [4001, 16] needs 64016 elements but 'data' has 64000",
+        ),
+        (  # floats for an integer type: the ordinary path says so
+            body_of(rows(), "INT32"),
+            {},
+            "input 'INPUT0': data does not fit datatype INT32: the data holds fractional numbers",
+        ),
+        (  # integers, taken by the scan, for a model that wants FP32
+            body_of(np.arange(ROWS * 16, dtype=np.int32).reshape(ROWS, 16), "INT32"),
+            {},
+            "input 'INPUT0' has datatype INT32 but model 'simple' expects FP32",
+        ),
+        (b"x" * OFF_LOOP_BYTES, {"Content-Encoding": "gzip"}, "the gzip request body cannot be decompressed"),
+        (  # decompressed on the JSON thread, and cut short
+            gzip.compress(body_of(rows()))[:-100],
+            {"Content-Encoding": "gzip"},
+            "the gzip request body cannot be decompressed",
+        ),
     ],
-    ids=["truncated", "miscounted", "floats-as-int32", "wrong-datatype"],
+    ids=["truncated", "miscounted", "floats-as-int32", "wrong-datatype", "not-gzip", "gzip-cut-short"],
 )
-def test_a_bad_large_body_gets_a_4xx_that_names_what_is_wrong(example_server: ServerProcess, body, words):
-    reply = request(example_server.port, "POST", "/v2/models/simple/infer", body)
-    assert 400 <= reply.status < 500, reply.body[:300]
-    assert words in reply.error
+def test_a_bad_large_body_gets_a_400_that_names_what_is_wrong(
+    example_server: ServerProcess, body, headers, message
+):
+    assert len(body) >= OFF_LOOP_BYTES  # the JSON thread's path
+    reply = request(example_server.port, "POST", "/v2/models/simple/infer", body, headers)
+    assert reply.status == 400, reply.body[:300]
+    assert reply.error.startswith(message), reply.error
 
 
 def test_clients_that_leave_while_their_bodies_are_decoded_take_nothing_else_down(
