@@ -394,8 +394,7 @@ class V2Routes:
         except Exception as error:
             call.fail(error)
             return _with_id(response_for_error(error), call.outcome.request_id)
-        accepted = headers.get(b"accept-encoding")
-        encoding = http_compression.choose_encoding(accepted) if accepted else None
+        encoding = _response_encoding(headers)
         if outputs.done():  # a fast model ran inline: answer without another loop iteration
             return self._reply(call, decoded, encoding)
 
@@ -432,8 +431,7 @@ class V2Routes:
                 outputs.cancel()
             call.fail(RequestCancelled("the client disconnected before the response was ready"))
             raise
-        accepted = request.headers.get(b"accept-encoding")
-        return self._reply(call, decoded, http_compression.choose_encoding(accepted) if accepted else None)
+        return self._reply(call, decoded, _response_encoding(request.headers))
 
     def _scan(self, request: HttpRequest) -> tuple[bytes, json_scan.NumericArrays | None]:
         """On the JSON thread: the body, decompressed, and its long numeric arrays (neither holds the GIL
@@ -526,6 +524,12 @@ def _yield_to_the_loop() -> None:
             thread = threading.get_native_id()
             nice = os.getpriority(os.PRIO_PROCESS, thread) + JSON_THREAD_NICE
             os.setpriority(os.PRIO_PROCESS, thread, nice)
+
+
+def _response_encoding(headers: dict[bytes, bytes]) -> bytes | None:
+    """The compression the client accepts for the response (most name none: then nothing to parse)."""
+    accepted = headers.get(b"accept-encoding")
+    return http_compression.choose_encoding(accepted) if accepted else None
 
 
 def _all_json(headers: dict[bytes, bytes]) -> bool:
