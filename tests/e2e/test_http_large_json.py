@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import socket
 import zlib
 from pathlib import Path
@@ -158,14 +159,16 @@ def _counted(port: int) -> dict[str, float]:
 
 
 def test_the_json_thread_runs_below_the_event_loop(example_server: ServerProcess):
-    """Its nice value is 10 above the event loop's (Linux: each thread has its own)."""
+    """It is ``SCHED_IDLE`` (``server/offload.py``), alone of the server's threads (Linux: each thread
+    has its own policy)."""
     assert request(example_server.port, "POST", "/v2/models/simple/infer", body_of(rows())).status == 200
     assert example_server.process is not None
     pid = example_server.process.pid
     tasks = Path(f"/proc/{pid}/task")
 
-    def nice(task: Path) -> int:
-        return int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])  # field 19 of stat
+    def policy(task: Path) -> int:
+        return int((task / "stat").read_text().rsplit(")", 1)[1].split()[38])  # field 41 of stat
 
-    loop = nice(tasks / str(pid))
-    assert sorted(nice(task) - loop for task in tasks.iterdir())[-2:] == [0, 10]  # the JSON thread alone
+    idle = [task for task in tasks.iterdir() if policy(task) == os.SCHED_IDLE]
+    assert len(idle) == 1
+    assert {policy(task) for task in tasks.iterdir() if task not in idle} == {os.SCHED_OTHER}

@@ -33,14 +33,9 @@ Routes::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
-import os
-import sys
-import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +61,7 @@ from edgeinfer.protocol.types import InferRequest, InferResponse
 from edgeinfer.server import http_compression
 from edgeinfer.server.auth import Guard, http_role, presented_key
 from edgeinfer.server.http_protocol import Answer, Deferred, DoneNow, HttpRequest, HttpResponse
+from edgeinfer.server.offload import OffloadThread
 from edgeinfer.service import InferenceCall, InferenceService, parse_override
 
 log = logging.getLogger(__name__)
@@ -74,7 +70,6 @@ log = logging.getLogger(__name__)
 # body this large takes the loop about as long to parse as the thread hop does several times over
 # (both are CPU work, so the ratio holds across machines), and every other request waits for it.
 OFF_LOOP_BYTES = 256 * 1024
-JSON_THREAD_NICE = 10  # added to the JSON thread's nice value (``_yield_to_the_loop``)
 
 
 class MethodNotAllowed(InvalidInput):
@@ -207,7 +202,7 @@ class V2Routes:
         self.guard = guard
         self.max_json_depth = max_json_depth
         self._refusal_body: tuple[ServerBusy, HttpResponse] | None = None  # the last refusal's (``_refused``)
-        self._json_thread: ThreadPoolExecutor | None = None  # made with the first large JSON body
+        self._json_thread = OffloadThread("edgeinfer-json")  # below the loop (offload.py)
 
     def __call__(self, request: HttpRequest) -> Answer:
         try:
@@ -411,13 +406,10 @@ class V2Routes:
         without the GIL (``json_scan``), the rest decoded here. Meanwhile the loop reads, answers and
         refuses other requests; under overload the refusals would otherwise wait behind these decodes
         (milliseconds each for a JSON image)."""
-        if self._json_thread is None:
-            self._json_thread = ThreadPoolExecutor(1, "edgeinfer-json", _yield_to_the_loop)
-        loop = asyncio.get_running_loop()
         outputs: asyncio.Future[Any] | None = None
         try:
             try:
-                scanned = await loop.run_in_executor(self._json_thread, self._scan, request)
+                scanned = await self._json_thread.run(functools.partial(self._scan, request))
                 decoded = call.decode(functools.partial(self._decode, scanned=scanned), request)
                 outputs = call.submit(decoded)
             except Exception as error:
@@ -511,19 +503,6 @@ def _per_model_setting(
         raise MethodNotAllowed(request.method, "PUT, DELETE")
     document = json_codec.loads_object(request.body, "request body")
     return _when_done(setter(parts[2], document), lambda _: _json(200, {key: listing()}))
-
-
-def _yield_to_the_loop() -> None:
-    """Run the JSON thread below the event loop and the inference threads (nice +10, Linux only: elsewhere
-    the call would lower the whole process). Under overload three threads share two cores here: a
-    decode that waits delays only its own request, while the loop waiting delays every refusal. `cnn`
-    at twice what it sustains (255/s, SLO 370 ms, two rounds alternating) refused at p50 1.5 ms and p99
-    7.9-8.5 ms with it, 2.1-2.3 and 9.1-16.2 ms without, and answered 155-158/s against 149-155/s."""
-    if sys.platform == "linux":
-        with contextlib.suppress(OSError):
-            thread = threading.get_native_id()
-            nice = os.getpriority(os.PRIO_PROCESS, thread) + JSON_THREAD_NICE
-            os.setpriority(os.PRIO_PROCESS, thread, nice)
 
 
 def _response_encoding(headers: dict[bytes, bytes]) -> bytes | None:

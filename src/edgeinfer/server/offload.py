@@ -1,0 +1,126 @@
+"""The thread the event loop hands CPU work to (decoding large JSON bodies): below every other thread,
+unless that starves the work.
+
+Why below: under overload the event loop, the inference threads, this thread and often the client
+share the cores. A decode that waits delays only its own request; the loop waiting delays every
+refusal. A ``SCHED_IDLE`` thread (Linux) gives the CPU up at once to any other thread that wakes,
+where nice +10 only lowers its share. `cnn` at twice what it sustains (255/s, SLO 370 ms, 10 s steps,
+three rounds alternating on fresh servers) refused at p99 6.0-6.6 ms from an idle thread and 7.4-9.1 ms
+from a nice +10 one; the load generator itself, on the same two cores, sent late by p99 2.2-2.7 ms
+against 3.7-3.9 ms (docs/batching.md, "Decoding off the loop").
+
+Why not always: against a normal thread a ``SCHED_IDLE`` one has a share of 3 to 1024. With two other
+processes spinning on the same 2-core VM, a request with a 1.6 MB JSON image took 1.2-2.2 s with the
+thread idle, and 20-71 ms with it at nice +10. So each run measures its wall time against its own CPU
+time (``Starvation``): while the idle thread's runs take many times their CPU time, the work goes to a
+nice +10 thread, and it goes back once that thread's runs find the CPU free again. Ratios, not
+durations: what a run costs differs by machine and body, how much of the CPU it got does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+
+STARVED_RATIO = 8.0  # wall / CPU time of the idle thread's runs above which the work moves to the low one
+FREE_RATIO = 2.0  # ... and of the low thread's runs below which it moves back
+DECAY = 0.75  # of the sums at each run: the last four or so runs count most
+LOW_NICE = 10  # added to the low thread's nice value
+
+
+class Starvation:
+    """Which thread the next run goes to, from the wall and CPU times of the last runs (no clock, no
+    threads: the caller measures). The ratio is of their sums, older runs counting less (``DECAY``):
+    a short run held up by the loop (its result waits for the loop's next iteration) weighs as little
+    as the work it did. Starts on the idle thread."""
+
+    def __init__(self) -> None:
+        self.starved = False  # the idle thread does not get the CPU: runs go to the low one
+        self._wall_s = 0.0  # decayed sums over the runs on the thread now in use
+        self._cpu_s = 0.0
+
+    @property
+    def ratio(self) -> float:
+        """Wall time to CPU time of the recent runs on the thread now in use (1 before any)."""
+        return self._wall_s / self._cpu_s if self._cpu_s > 0 else 1.0
+
+    def ran(self, on_idle: bool, wall_s: float, cpu_s: float) -> None:
+        """A run on the idle thread (``on_idle``) or the low one took ``wall_s``, of which ``cpu_s`` on
+        the CPU. Runs on the thread no longer in use (handed out before a switch) say nothing new."""
+        if on_idle == self.starved or cpu_s <= 0:
+            return
+        self._wall_s = self._wall_s * DECAY + wall_s
+        self._cpu_s = self._cpu_s * DECAY + cpu_s
+        if on_idle and self.ratio > STARVED_RATIO:
+            self.starved = True
+            self._wall_s = self._cpu_s * STARVED_RATIO  # the low thread has to show a free CPU
+        elif not on_idle and self.ratio < FREE_RATIO:
+            self.starved = False
+            self._wall_s = self._cpu_s
+
+
+class OffloadThread:
+    """Runs functions off the event loop on one thread at a time, idle or low (``Starvation``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.starvation = Starvation()
+        # each made with the first run that needs it, with when the loop last had a result from it
+        self._idle: tuple[ThreadPoolExecutor, list[float]] | None = None
+        self._low: tuple[ThreadPoolExecutor, list[float]] | None = None
+
+    async def run(self, work: Callable[[], T]) -> T:
+        """``work()``, on the thread that ``starvation`` picks. Its wall time runs from when it could
+        have started (submitted, or when the run before it on the same thread was done: waiting behind
+        other work is not starvation) to when the loop has its result: a ``SCHED_IDLE`` thread that has
+        run for a while waits long for its next turn, which may come after its work is done and before
+        its result is handed over (measured from 2.5 ms of work: 0.8-1.0 s)."""
+        on_idle = not self.starvation.starved
+        executor, done = self._executor(on_idle)
+        submitted = time.perf_counter()
+        result, cpu_s = await asyncio.get_running_loop().run_in_executor(executor, _timed, work)
+        now = time.perf_counter()
+        self.starvation.ran(on_idle, now - max(submitted, done[0]), cpu_s)
+        done[0] = now
+        return result
+
+    def _executor(self, idle: bool) -> tuple[ThreadPoolExecutor, list[float]]:
+        if idle:
+            if self._idle is None:
+                self._idle = ThreadPoolExecutor(1, f"{self.name}-idle", _run_idle), [0.0]
+            return self._idle
+        if self._low is None:
+            self._low = ThreadPoolExecutor(1, f"{self.name}-low", _run_low), [0.0]
+        return self._low
+
+
+def _timed(work: Callable[[], T]) -> tuple[T, float]:
+    """On the thread: ``work``'s result and the thread's CPU time in it."""
+    cpu = time.thread_time()
+    return work(), time.thread_time() - cpu
+
+
+def _run_idle() -> None:
+    """Make the calling thread ``SCHED_IDLE`` (Linux; elsewhere it stays as it is, and so do its
+    ratios: it is never starved by a policy it does not have)."""
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError):  # a sandbox may forbid it: then it runs as any other
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def _run_low() -> None:
+    """Add ``LOW_NICE`` to the calling thread's nice value (Linux only: elsewhere the call would lower
+    the whole process)."""
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError):
+            thread = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + LOW_NICE)
