@@ -28,6 +28,7 @@ import numpy as np
 
 MAX_OPEN = 1024  # requests in flight at once (connections)
 _LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)
+REFUSED = (429, 503, 504)
 
 
 @dataclass
@@ -46,6 +47,7 @@ class StepResult:
     client_overflow: int
     unanswered: int
     client_late_p99_s: float  # how late the client sent (its own CPU): above a few ms, it was the limit
+    refused_after_send: np.ndarray  # the refusals' latency from when the client sent them, not when due
 
     @property
     def goodput(self) -> float:
@@ -55,6 +57,12 @@ class StepResult:
         values = self.refused_latency if refused else self.ok_latency
         return float(np.quantile(values, quantile)) if len(values) else float("nan")
 
+    def refused_after_send_p(self, quantile: float) -> float:
+        """The refusals' latency from when they left the client: what the client's own lateness adds
+        (``client_late_p99_s``, the client sharing the server's cores) is not in it."""
+        values = self.refused_after_send
+        return float(np.quantile(values, quantile)) if len(values) else float("nan")
+
 
 class _Connection(asyncio.Protocol):
     def __init__(self, generator: _Generator) -> None:
@@ -62,12 +70,14 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.scheduled = 0.0
+        self.sent = 0.0  # when the client wrote the request (later than scheduled when it fell behind)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def send(self, request: bytes, scheduled: float) -> None:
         self.scheduled = scheduled
+        self.sent = time.perf_counter()
         assert self.transport is not None
         self.transport.write(request)
 
@@ -96,7 +106,7 @@ class _Generator:
         self.loop = asyncio.get_running_loop()
         self.idle: list[_Connection] = []
         self.busy: set[_Connection] = set()
-        self.records: list[tuple[float, float, int]] = []  # (scheduled, answered, status)
+        self.records: list[tuple[float, float, float, int]] = []  # (scheduled, sent, answered, status)
         self.errors = 0
         self.overflow = 0
         self.opening = 0
@@ -130,7 +140,7 @@ class _Generator:
         connection.send(self.request, scheduled)
 
     def answered(self, connection: _Connection, status: int) -> None:
-        self.records.append((connection.scheduled, time.perf_counter(), status))
+        self.records.append((connection.scheduled, connection.sent, time.perf_counter(), status))
         self.busy.discard(connection)
         self.idle.append(connection)
 
@@ -178,16 +188,26 @@ async def _step(
     measured_from = start + warmup_s
     measured_to = measured_from + seconds
     answered = sum(
-        1 for _, done, status in generator.records if status == 200 and measured_from <= done <= measured_to
+        1 for *_, done, status in generator.records if status == 200 and measured_from <= done <= measured_to
     )
-    records = [(sent, done, status) for sent, done, status in generator.records if sent >= measured_from]
-    ok = np.array([done - sent for sent, done, status in records if status == 200])
-    refused = np.array([done - sent for sent, done, status in records if status in (429, 503, 504)])
-    errors = generator.errors + sum(1 for _, _, status in records if status not in (200, 429, 503, 504))
+    records = [record for record in generator.records if record[0] >= measured_from]
+    ok = np.array([done - due for due, _, done, status in records if status == 200])
+    refused = [(due, sent, done) for due, sent, done, status in records if status in REFUSED]
+    errors = generator.errors + sum(1 for *_, status in records if status not in (200, *REFUSED))
     sent_count = sum(1 for offset in offsets if offset >= warmup_s)
     late_p99 = float(np.quantile(generator.late, 0.99)) if generator.late else 0.0
     return StepResult(
-        rate, seconds, sent_count, answered, ok, refused, errors, generator.overflow, unanswered, late_p99
+        rate,
+        seconds,
+        sent_count,
+        answered,
+        ok,
+        np.array([done - due for due, _, done in refused]),
+        errors,
+        generator.overflow,
+        unanswered,
+        late_p99,
+        np.array([done - sent for _, sent, done in refused]),
     )
 
 

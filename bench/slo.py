@@ -19,7 +19,9 @@
    below R* cannot tell whether the SLO holds at 0.9 x R*.
 4. Overload: 2 x R* on the SLO configuration: p99 of the admitted requests, how fast refusals come back,
    the server's RSS before and after, and that it still answers every request (no error, no refusal)
-   ``AFTER_S`` after the overload.
+   ``AFTER_S`` after the overload. Refusals count from when they were due (the target); beside that
+   the table shows them from when the client sent them, and how late the client was: on a machine
+   the client shares with the server, the difference is the client's.
 
 A step in which the load generator itself fell behind by more than the model's SLO (its ``client late``
 p99: it shares the machine, and a stall of the whole VM delays it as much as the server) measured the
@@ -71,6 +73,7 @@ class RampPoint:
     not_sent: int = 0  # requests the client could not send: over its own in-flight cap (loadgen.MAX_OPEN)
     at_target: bool = False  # the SLO config's step at TARGET_SHARE x R*, after the ramp
     client_behind: bool = False  # the client fell behind by more than the SLO: repeated, not counted
+    refused_after_send_p99_ms: float = float("nan")  # from when the client sent them (not when due)
 
     def keeps_up(self) -> bool:
         return self.goodput >= KEEPS_UP * self.offered and self.errors == 0
@@ -221,6 +224,8 @@ def ramp(
                 "admitted_p99_ms": point.p99_ms,
                 "refused": point.refused,
                 "refused_p99_ms": point.refused_p99_ms,
+                "refused_after_send_p99_ms": point.refused_after_send_p99_ms,
+                "client_late_p99_ms": point.client_late_p99_ms,
                 "errors": point.errors,
                 "not_sent": point.not_sent,
                 "rss_before_mib": round(rss_before, 1),
@@ -270,6 +275,7 @@ def _step(
         errors=result.errors + result.unanswered,
         client_late_p99_ms=round(result.client_late_p99_s * 1000, 2),
         not_sent=result.client_overflow,
+        refused_after_send_p99_ms=round(result.refused_after_send_p(0.99) * 1000, 2),
     )
     print(
         f"  {name:16} offered {point.offered:8,.1f}/s  answered {point.goodput:8,.1f}/s  "
@@ -375,7 +381,9 @@ def targets_table(summary: dict) -> str:
             lines.append(
                 f"| {model} at 2x ({over['offered']:,.0f}/s): admitted p99 <= SLO; refusals p99 < 5 ms | "
                 f"<= {entry['slo_p99_ms']:g} ms; < 5 ms | {over['admitted_p99_ms']:.1f} ms; "
-                f"{over['refused_p99_ms']:.1f} ms ({over['refused']} refused, {over['errors']} errors, "
+                f"{over['refused_p99_ms']:.1f} ms ({over['refused']} refused; from the client's send "
+                f"{over['refused_after_send_p99_ms']:.1f} ms, the client itself late by "
+                f"{over['client_late_p99_ms']:.1f} ms; {over['errors']} errors, "
                 f"{over['not_sent']} not sent by the client, RSS "
                 f"{over['rss_before_mib']} -> {over['rss_after_mib']} MiB, answers after: "
                 f"{'yes' if over['answers_after'] else 'NO'}) |"
