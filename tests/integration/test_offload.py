@@ -4,6 +4,7 @@ processes taking every CPU move it from the idle thread to the low one, and back
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -62,7 +63,10 @@ def test_work_runs_on_an_idle_thread_and_its_errors_come_back():
 
 
 @linux_only
-def test_other_processes_taking_every_cpu_move_the_work_to_the_low_thread_and_back():
+def test_other_processes_taking_every_cpu_move_the_work_to_the_low_thread_and_back(
+    caplog: pytest.LogCaptureFixture,
+):
+    caplog.set_level(logging.INFO, "edgeinfer.server.offload")
     loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     async def main():
@@ -83,3 +87,8 @@ def test_other_processes_taking_every_cpu_move_the_work_to_the_low_thread_and_ba
     _, policy, nice = busy[-1]
     assert (policy, nice) == (os.SCHED_OTHER, loop_nice + LOW_NICE)
     assert "-idle" in freed[-1][0], f"did not go back: {freed}"
+    moves = [(record.levelname, record.getMessage()) for record in caplog.records]
+    assert len(moves) == 2, "one move each way, each logged once"
+    assert moves[0][0] == "WARNING"
+    assert "leaves the idle thread little CPU" in moves[0][1]
+    assert moves[1] == ("INFO", "test-offload: the CPU is free again; running on the idle thread")

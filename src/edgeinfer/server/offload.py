@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sys
 import threading
@@ -30,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 STARVED_RATIO = 8.0  # wall / CPU time of the idle thread's runs above which the work moves to the low one
 FREE_RATIO = 2.0  # ... and of the low thread's runs below which it moves back
@@ -89,9 +91,25 @@ class OffloadThread:
         submitted = time.perf_counter()
         result, cpu_s = await asyncio.get_running_loop().run_in_executor(executor, _timed, work)
         now = time.perf_counter()
-        self.starvation.ran(on_idle, now - max(submitted, done[0]), cpu_s)
+        wall_s, starved = now - max(submitted, done[0]), self.starvation.starved
+        self.starvation.ran(on_idle, wall_s, cpu_s)
         done[0] = now
+        if self.starvation.starved != starved:
+            self._moved(wall_s, cpu_s)
         return result
+
+    def _moved(self, wall_s: float, cpu_s: float) -> None:
+        if self.starvation.starved:
+            log.warning(
+                "%s: other work on this machine leaves the idle thread little CPU (%.1f ms for %.1f ms "
+                "of work); running at nice +%d until the CPU is free again",
+                self.name,
+                wall_s * 1000,
+                cpu_s * 1000,
+                LOW_NICE,
+            )
+        else:
+            log.info("%s: the CPU is free again; running on the idle thread", self.name)
 
     def _executor(self, idle: bool) -> tuple[ThreadPoolExecutor, list[float]]:
         if idle:
