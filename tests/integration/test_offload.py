@@ -92,3 +92,23 @@ def test_other_processes_taking_every_cpu_move_the_work_to_the_low_thread_and_ba
     assert moves[0][0] == "WARNING"
     assert "leaves the idle thread little CPU" in moves[0][1]
     assert moves[1] == ("INFO", "test-offload: the CPU is free again; running on the idle thread")
+
+
+@linux_only
+def test_where_the_idle_policy_is_forbidden_the_idle_thread_runs_at_the_low_nice(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A seccomp profile may refuse ``sched_setscheduler``: the thread is then lowered by nice instead."""
+
+    def forbidden(*_: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", forbidden)
+    loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    async def main():
+        return await OffloadThread("test-offload").run(where)
+
+    name, policy, nice = asyncio.run(main())
+    assert name.startswith("test-offload-idle")
+    assert (policy, nice) == (os.SCHED_OTHER, loop_nice + LOW_NICE)

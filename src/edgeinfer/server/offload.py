@@ -129,10 +129,13 @@ def _timed(work: Callable[[], T]) -> tuple[T, float]:
 
 def _run_idle() -> None:
     """Make the calling thread ``SCHED_IDLE`` (Linux; elsewhere it stays as it is, and so do its
-    ratios: it is never starved by a policy it does not have)."""
+    ratios: it is never starved by a policy it does not have). Where a sandbox forbids the policy
+    (a seccomp profile), it is lowered as the low thread is instead."""
     if sys.platform == "linux":
-        with contextlib.suppress(OSError):  # a sandbox may forbid it: then it runs as any other
+        try:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            _run_low()
 
 
 def _run_low() -> None:
