@@ -156,6 +156,22 @@ def test_the_image_decodes_large_json_bodies_without_the_gil(image: str):
 
 
 @pytest.mark.deploy
+def test_in_the_image_the_json_thread_runs_sched_idle_as_its_non_root_user(image: str):
+    """The engine's default seccomp profile lets the image's user lower a thread to SCHED_IDLE
+    (server/offload.py; where it did not, the thread would fall back to nice +10)."""
+    check = (
+        "import asyncio, os; from edgeinfer.server.offload import OffloadThread; "
+        "print(os.getuid(), asyncio.run(OffloadThread('json').run(lambda: os.sched_getscheduler(0))))"
+    )
+    found = subprocess.run(
+        ["podman", "run", "--rm", *_engine_flags(), "--entrypoint", "python3", image, "-c", check],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.split() == ["65532", str(os.SCHED_IDLE)], found.stderr
+
+
+@pytest.mark.deploy
 def test_readme_curl_example_against_the_container(container):
     env = {**os.environ, "URL": f"http://127.0.0.1:{container['http']}"}
     result = subprocess.run(

@@ -9,12 +9,13 @@ from edgeinfer.server.offload import FREE_RATIO, STARVED_RATIO, Starvation
 
 IDLE, LOW = True, False
 MS = 1e-3
+SHORTEST_WAIT_MS = 5.0  # the interpreter's switch interval, which the server passes
 
 
 def threads(trace: list[tuple[bool, float, float]]) -> list[str]:
     """Each step: a run on the idle thread (IDLE) or the low one (LOW), its wall and CPU ms. Returns the
     thread the next run goes to after each step."""
-    starvation, chosen = Starvation(), []
+    starvation, chosen = Starvation(SHORTEST_WAIT_MS * MS), []
     for on_idle, wall_ms, cpu_ms in trace:
         starvation.ran(on_idle, wall_ms * MS, cpu_ms * MS)
         chosen.append("low" if starvation.starved else "idle")
@@ -22,7 +23,7 @@ def threads(trace: list[tuple[bool, float, float]]) -> list[str]:
 
 
 def test_it_starts_on_the_idle_thread():
-    assert not Starvation().starved
+    assert not Starvation(0.005).starved
 
 
 @pytest.mark.parametrize(
@@ -76,6 +77,12 @@ def test_short_runs_held_up_by_the_loop_weigh_as_little_as_their_work():
     """A 256 KiB body decodes in about 0.4 ms; its result may wait a 6 ms loop iteration."""
     mixed = [(IDLE, 2.6, 2.5), (IDLE, 6.4, 0.4), (IDLE, 2.6, 2.5), (IDLE, 6.4, 0.4), (IDLE, 6.4, 0.4)] * 4
     assert threads(mixed) == ["idle"] * len(mixed)
+
+
+def test_a_small_run_held_up_for_less_than_the_shortest_wait_moves_nothing():
+    """A first run of a few microseconds (a thread to start, two hops) came back after 0.5 ms: a ratio of
+    100, but no starvation."""
+    assert threads([(IDLE, 0.5, 0.005)] + [(IDLE, 0.2, 0.005)] * 10) == ["idle"] * 11
 
 
 def test_a_run_without_measurable_cpu_time_says_nothing():

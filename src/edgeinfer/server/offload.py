@@ -12,8 +12,9 @@ against 3.7-3.9 ms (docs/batching.md, "Decoding off the loop").
 Why not always: against a normal thread a ``SCHED_IDLE`` one has a share of 3 to 1024. With two other
 processes spinning on the same 2-core VM, a request with a 1.6 MB JSON image took 1.2-2.2 s with the
 thread idle, and 20-71 ms with it at nice +10. So each run measures its wall time against its own CPU
-time (``Starvation``): while the idle thread's runs take many times their CPU time, the work goes to a
-nice +10 thread, and it goes back once that thread's runs find the CPU free again. Ratios, not
+time (``Starvation``): while the idle thread's runs take many times their CPU time (and milliseconds
+more), the work goes to a nice +10 thread, and it goes back once that thread's runs find the CPU free
+again. Ratios, not
 durations: what a run costs differs by machine and body, how much of the CPU it got does not.
 """
 
@@ -43,10 +44,14 @@ class Starvation:
     """Which thread the next run goes to, from the wall and CPU times of the last runs (no clock, no
     threads: the caller measures). The ratio is of their sums, older runs counting less (``DECAY``):
     a short run held up by the loop (its result waits for the loop's next iteration) weighs as little
-    as the work it did. Starts on the idle thread."""
+    as the work it did. ``shortest_wait_s``: less waiting than this, in the sums, moves nothing
+    whatever the ratio: the hop to the thread and back, and a thread's first start, cost a fixed
+    fraction of a millisecond, many times the CPU of a small run (in a container, a first run of a few
+    microseconds came back after 0.5 ms). Starts on the idle thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, shortest_wait_s: float) -> None:
         self.starved = False  # the idle thread does not get the CPU: runs go to the low one
+        self._shortest_wait_s = shortest_wait_s
         self._wall_s = 0.0  # decayed sums over the runs on the thread now in use
         self._cpu_s = 0.0
 
@@ -62,10 +67,11 @@ class Starvation:
             return
         self._wall_s = self._wall_s * DECAY + wall_s
         self._cpu_s = self._cpu_s * DECAY + cpu_s
-        if on_idle and self.ratio > STARVED_RATIO:
-            self.starved = True
-            self._wall_s = self._cpu_s * STARVED_RATIO  # the low thread has to show a free CPU
-        elif not on_idle and self.ratio < FREE_RATIO:
+        if on_idle:
+            if self.ratio > STARVED_RATIO and self._wall_s - self._cpu_s > self._shortest_wait_s:
+                self.starved = True
+                self._wall_s = self._cpu_s * STARVED_RATIO  # the low thread has to show a free CPU
+        elif self.ratio < FREE_RATIO:
             self.starved = False
             self._wall_s = self._cpu_s
 
@@ -75,7 +81,8 @@ class OffloadThread:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.starvation = Starvation()
+        # waits shorter than the interpreter's own turns between threads say nothing about the CPU
+        self.starvation = Starvation(sys.getswitchinterval())
         # each made with the first run that needs it, with when the loop last had a result from it
         self._idle: tuple[ThreadPoolExecutor, list[float]] | None = None
         self._low: tuple[ThreadPoolExecutor, list[float]] | None = None
