@@ -54,14 +54,16 @@ class StepResult:
         return self.answered / self.seconds
 
     def p(self, quantile: float, refused: bool = False) -> float:
-        values = self.refused_latency if refused else self.ok_latency
-        return float(np.quantile(values, quantile)) if len(values) else float("nan")
+        return _quantile(self.refused_latency if refused else self.ok_latency, quantile)
 
     def refused_after_send_p(self, quantile: float) -> float:
         """The refusals' latency from when they left the client: what the client's own lateness adds
         (``client_late_p99_s``, the client sharing the server's cores) is not in it."""
-        values = self.refused_after_send
-        return float(np.quantile(values, quantile)) if len(values) else float("nan")
+        return _quantile(self.refused_after_send, quantile)
+
+
+def _quantile(values: np.ndarray, quantile: float) -> float:
+    return float(np.quantile(values, quantile)) if len(values) else float("nan")
 
 
 class _Connection(asyncio.Protocol):

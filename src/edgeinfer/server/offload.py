@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -83,9 +84,7 @@ class OffloadThread:
         self.name = name
         # waits shorter than the interpreter's own turns between threads say nothing about the CPU
         self.starvation = Starvation(sys.getswitchinterval())
-        # each made with the first run that needs it, with when the loop last had a result from it
-        self._idle: tuple[ThreadPoolExecutor, list[float]] | None = None
-        self._low: tuple[ThreadPoolExecutor, list[float]] | None = None
+        self._workers: dict[bool, _Worker] = {}  # idle (True) and low, each made with its first run
 
     async def run(self, work: Callable[[], T]) -> T:
         """``work()``, on the thread that ``starvation`` picks. Its wall time runs from when it could
@@ -94,13 +93,13 @@ class OffloadThread:
         run for a while waits long for its next turn, which may come after its work is done and before
         its result is handed over (measured from 2.5 ms of work: 0.8-1.0 s)."""
         on_idle = not self.starvation.starved
-        executor, done = self._executor(on_idle)
+        worker = self._worker(on_idle)
         submitted = time.perf_counter()
-        result, cpu_s = await asyncio.get_running_loop().run_in_executor(executor, _timed, work)
+        result, cpu_s = await asyncio.get_running_loop().run_in_executor(worker.executor, _timed, work)
         now = time.perf_counter()
-        wall_s, starved = now - max(submitted, done[0]), self.starvation.starved
+        wall_s, starved = now - max(submitted, worker.done_at), self.starvation.starved
         self.starvation.ran(on_idle, wall_s, cpu_s)
-        done[0] = now
+        worker.done_at = now
         if self.starvation.starved != starved:
             self._moved(wall_s, cpu_s)
         return result
@@ -118,14 +117,18 @@ class OffloadThread:
         else:
             log.info("%s: the CPU is free again; running on the idle thread", self.name)
 
-    def _executor(self, idle: bool) -> tuple[ThreadPoolExecutor, list[float]]:
-        if idle:
-            if self._idle is None:
-                self._idle = ThreadPoolExecutor(1, f"{self.name}-idle", _run_idle), [0.0]
-            return self._idle
-        if self._low is None:
-            self._low = ThreadPoolExecutor(1, f"{self.name}-low", _run_low), [0.0]
-        return self._low
+    def _worker(self, idle: bool) -> _Worker:
+        worker = self._workers.get(idle)
+        if worker is None:
+            name, lower = (f"{self.name}-idle", _run_idle) if idle else (f"{self.name}-low", _run_low)
+            worker = self._workers[idle] = _Worker(ThreadPoolExecutor(1, name, lower))
+        return worker
+
+
+@dataclass(slots=True)
+class _Worker:
+    executor: ThreadPoolExecutor  # of one thread
+    done_at: float = 0.0  # when the loop last had a result from it
 
 
 def _timed(work: Callable[[], T]) -> tuple[T, float]:
