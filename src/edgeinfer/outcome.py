@@ -43,6 +43,7 @@ class Outcome:
     version: str | None
     request_id: str = ""
     started: float = field(default_factory=time.perf_counter)
+    ended: float = 0.0  # time.perf_counter() when it was answered or failed (0 until then)
     received_at: float | None = None  # time.monotonic() when the transport began receiving it
     error: BaseException | None = None
     decode_s: float | None = None

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import yaml
 
 from edgeinfer import __version__
+from edgeinfer.afterwards import Afterwards
 from edgeinfer.config import Config, RouteVariant, ShadowConfig, parse
 from edgeinfer.dashboard import RECENT_ERRORS, Window, overview
 from edgeinfer.errors import (
@@ -177,6 +178,7 @@ class InferenceService:
         self._started_at = time.time()
         self._ready = False
         self._tracing = tracing
+        self._afterwards = Afterwards()
         # tracing is on: transports pass the W3C trace context headers they received to ``call``
         self.traced = tracing is not None
 
@@ -500,8 +502,13 @@ class InferenceService:
         return entry, judged.serving.batcher.refuse_unread(queue_known=entry is not None)
 
     def record(self, outcome: Outcome) -> None:
-        """Count a finished request and log it; requests for unknown models are counted as one model."""
-        total_s = time.perf_counter() - outcome.started
+        """Count a finished request and log it, once the loop iteration's answers are written
+        (``afterwards.py``); requests for unknown models are counted as one model."""
+        outcome.ended = time.perf_counter()
+        self._afterwards.call(self._record, outcome)
+
+    def _record(self, outcome: Outcome) -> None:
+        total_s = outcome.ended - outcome.started
         status = "success" if outcome.error is None else status_label(outcome.error)
         metrics = outcome.metrics
         if metrics is None:  # it failed before reaching a model version

@@ -23,6 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
+from edgeinfer.afterwards import Afterwards
 from edgeinfer.runners.base import BatchResult, BatchTimes, Execute, RunnerSettings, Work
 from edgeinfer.runners.cost import CostModel
 from edgeinfer.runners.inline import InlineChoice
@@ -40,6 +41,7 @@ class ThreadRunner:
         )
         self._in_threads = 0
         self.cost = CostModel()
+        self._afterwards = Afterwards()
 
     def run(self, batch: list[Work]) -> asyncio.Future[BatchResult]:
         loop = asyncio.get_running_loop()
@@ -67,11 +69,13 @@ class ThreadRunner:
         except Exception as error:
             done.set_exception(error)
             return done
-        seconds = times.total_s
-        self.cost.observe(rows, seconds)
-        self.inline.ran_inline(rows, seconds)
+        self._afterwards.call(self._ran_inline, rows, times.total_s)  # the answers go out first
         done.set_result(BatchResult(results, times))
         return done
+
+    def _ran_inline(self, rows: int, seconds: float) -> None:
+        self.cost.observe(rows, seconds)
+        self.inline.ran_inline(rows, seconds)
 
     def _in_thread(self, batch: list[Work], handed_ns: int) -> BatchResult:
         started = time.perf_counter_ns()
