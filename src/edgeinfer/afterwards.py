@@ -3,10 +3,10 @@
 What a request leaves behind to be counted (Prometheus histograms, Triton's statistics, the access
 log, the router's latency window, the cost model's new point) is no part of its answer, yet done in
 line it comes before the write, on the one thread that writes. `tiny` over JSON at concurrency 1 waited
-about 7 us per request for it (p50 141-147 us with it in line, 138-140 us after the write; the bare
-FastAPI endpoint took 230-240 us; docs/batching.md). So whoever keeps such records queues them here,
-and they are made together once the callbacks of this loop iteration have run: after the writes, and
-while the client reads its answer and sends its next request.
+about 10 us per request for it (p50 141-149 us with it in line, 131-137 us after the write, four rounds
+alternating; the bare FastAPI endpoint took 228-246 us; docs/batching.md). So whoever keeps such
+records queues them here, and they are made together once the callbacks of this loop iteration have
+run: after the writes, and while the client reads its answer and sends its next request.
 
 Records made this way are there by the time the loop reads anything more: a client that gets its
 answer and then asks for the metrics or the statistics finds its request in them. Without a running
