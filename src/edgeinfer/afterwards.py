@@ -9,8 +9,10 @@ records queues them here, and they are made together once the callbacks of this 
 run: after the writes, and while the client reads its answer and sends its next request.
 
 Records made this way are there by the time the loop reads anything more: a client that gets its
-answer and then asks for the metrics or the statistics finds its request in them. Without a running
-loop (a synchronous caller, a unit test) the call is made at once.
+answer and then asks for the metrics or the statistics finds its request in them. A log file read
+directly can lag its answer: the access log line is written just after it (over gRPC, whose answers
+leave from grpcio's own threads, a test once read the file before the line was there). Without a
+running loop (a synchronous caller, a unit test) the call is made at once.
 """
 
 from __future__ import annotations

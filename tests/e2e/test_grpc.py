@@ -17,7 +17,16 @@ import tritonclient.grpc.aio as aioclient
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from tests.support import EXAMPLES, NUMERIC_DTYPES, ServerProcess, infer_body, request, scrape, wait_queue
+from tests.support import (
+    EXAMPLES,
+    NUMERIC_DTYPES,
+    ServerProcess,
+    infer_body,
+    request,
+    scrape,
+    wait_for,
+    wait_queue,
+)
 
 REPO = EXAMPLES / "model_repository"
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -336,6 +345,8 @@ def test_a_request_id_in_metadata_is_used_and_sent_back(example_server: ServerPr
         _, call = channel.unary_unary(METHOD).with_call(body, metadata=(("x-request-id", "grpc-meta-7"),))
         trailing = dict(call.trailing_metadata())
     assert trailing["x-request-id"] == "grpc-meta-7"
+    # the access log is written after the answer (afterwards.py): the client may read its answer first
+    wait_for(lambda: '"request_id":"grpc-meta-7"' in example_server.log(), what="the access-log line")
     lines = [json.loads(line) for line in example_server.log().splitlines() if line.startswith("{")]
     [line] = [line for line in lines if line.get("request_id") == "grpc-meta-7"]
     assert (line["protocol"], line["model"], line["status"]) == ("grpc", "simple", "success")

@@ -231,7 +231,16 @@ def test_statistics_via_tritonclient_http_and_grpc(observed):
 
 def test_one_json_access_line_per_request(observed):
     server, ids = observed
-    lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+
+    def json_lines() -> list[dict]:
+        return [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+
+    def access_lines() -> list[dict]:
+        return [line for line in json_lines() if line["logger"] == "edgeinfer.access"]
+
+    # a line is written just after its answer (afterwards.py): the last gRPC answer may come first
+    wait_for(lambda: len(access_lines()) >= 9 + 8, what="an access line for each request")
+    lines = json_lines()
     access = [line for line in lines if line["logger"] == "edgeinfer.access"]
     assert len(access) == 9 + 8
     first = next(line for line in access if line["request_id"] == "mix-0")
