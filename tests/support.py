@@ -279,6 +279,17 @@ class ServerProcess:
         return self.process.returncode
 
 
+def json_log_lines(server: ServerProcess) -> list[dict]:
+    """The server's log lines in JSON format (``logging.format: json``), parsed."""
+    return [orjson.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+
+
+def access_lines(server: ServerProcess) -> list[dict]:
+    """The access log's lines: written just after each answer (``afterwards.py``), so a test that
+    reads them right after an answer over gRPC waits for them."""
+    return [line for line in json_log_lines(server) if line["logger"] == "edgeinfer.access"]
+
+
 # ---- small ONNX models for the cases the examples do not cover ----
 
 OPSET = [helper.make_opsetid("", 17)]

@@ -208,7 +208,7 @@ class Tracing:
         held = outcome.trace.span
         if not isinstance(held, _RequestSpan):
             return
-        now_ns = _CLOCK.from_perf(outcome.ended or time.perf_counter())
+        now_ns = _CLOCK.from_perf(outcome.ended)
         started_ns = held.started_ns
         children: list[tuple[str, int, int, Sequence[Link]]] = []
         if outcome.decode_s is not None:

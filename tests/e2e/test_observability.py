@@ -17,7 +17,9 @@ from tritonclient.utils import InferenceServerException
 from tests.support import (
     ROOT,
     ServerProcess,
+    access_lines,
     infer_body,
+    json_log_lines,
     matmul_model,
     metric,
     request,
@@ -231,17 +233,9 @@ def test_statistics_via_tritonclient_http_and_grpc(observed):
 
 def test_one_json_access_line_per_request(observed):
     server, ids = observed
-
-    def json_lines() -> list[dict]:
-        return [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
-
-    def access_lines() -> list[dict]:
-        return [line for line in json_lines() if line["logger"] == "edgeinfer.access"]
-
     # a line is written just after its answer (afterwards.py): the last gRPC answer may come first
-    wait_for(lambda: len(access_lines()) >= 9 + 8, what="an access line for each request")
-    lines = json_lines()
-    access = [line for line in lines if line["logger"] == "edgeinfer.access"]
+    wait_for(lambda: len(access_lines(server)) >= 9 + 8, what="an access line for each request")
+    lines, access = json_log_lines(server), access_lines(server)
     assert len(access) == 9 + 8
     first = next(line for line in access if line["request_id"] == "mix-0")
     assert (first["model"], first["version"], first["protocol"]) == ("matmul", "1", "http")

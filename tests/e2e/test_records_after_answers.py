@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 import tritonclient.grpc as grpcclient
 
-from tests.support import ServerProcess, infer_body, matmul_model, metric, scrape
+from tests.support import ServerProcess, access_lines, infer_body, matmul_model, metric, scrape
 
 ROUNDS = 30
 
@@ -34,7 +34,7 @@ def test_a_client_that_got_its_answer_finds_it_counted(tmp_path):
             connection.request("GET", "/v2/models/matmul/stats")
             stats = json.loads(connection.getresponse().read())["model_stats"][0]["inference_stats"]
             assert stats["success"]["count"] == index
-            assert _access_lines(server) == index
+            assert len(access_lines(server)) == index
         samples = scrape(server.port)
         requests = "edgeinfer_inference_requests_total"
         labels = {"model": "matmul", "version": "1", "protocol": "http", "status": "success"}
@@ -50,11 +50,3 @@ def test_a_client_that_got_its_answer_finds_it_counted(tmp_path):
         connection.close()
         grpc.close()
         server.stop()
-
-
-def _access_lines(server: ServerProcess) -> int:
-    return sum(
-        1
-        for line in server.log().splitlines()
-        if line.startswith("{") and json.loads(line).get("logger") == "edgeinfer.access"
-    )

@@ -5,7 +5,6 @@ Marked ``workers`` (multi-process, slow-ish): run in CI, skip locally with ``-m 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -26,6 +25,7 @@ import tritonclient.http as httpclient
 from tests.support import (
     ROOT,
     ServerProcess,
+    access_lines,
     children,
     free_port,
     infer_body,
@@ -42,11 +42,6 @@ from tests.support import (
 pytestmark = pytest.mark.workers
 
 ONE_ROW = infer_body({"X": np.ones((1, 16), np.float32)})
-
-
-def access_lines(server: ServerProcess) -> list[dict]:
-    lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
-    return [line for line in lines if line["logger"] == "edgeinfer.access"]
 
 
 def image_model(path: Path) -> Path:
