@@ -38,6 +38,8 @@ def test_the_loop_keeps_turning_for_the_window_then_sleeps():
         poll.arrived()
         work(0.003)
         poll.idle()  # 3 ms of work before it: polls for up to 3 ms
+        assert not poll.polling, "decided at the start of the next iteration"
+        await asyncio.sleep(0)
         assert poll.polling
         # a timer past the window: without polling the loop would sleep through it in one turn; with
         # it, the loop turns hundreds of times in the window (more than 10 even if this VM stalls the
@@ -58,6 +60,7 @@ def test_a_request_arriving_ends_the_polling():
         poll.arrived()
         work(0.01)
         poll.idle()
+        await asyncio.sleep(0)
         assert poll.polling
         poll.arrived()
         await asyncio.sleep(0)
@@ -65,6 +68,45 @@ def test_a_request_arriving_ends_the_polling():
         assert not poll.polling
         assert poll.policy.hit_rate == 1.0
         assert poll.policy.caught_s is not None
+
+    uvloop.run(main())
+
+
+class DecidingPoll(IdlePoll):
+    """Counts its decisions."""
+
+    decisions = 0
+
+    def _decide(self) -> None:
+        self.decisions += 1
+        super()._decide()
+
+
+def test_answers_and_arrivals_in_one_iteration_are_not_idle_periods():
+    """Under load one iteration answers a request and reads the next again and again: the server is
+    idle only if nothing arrives in the rest of the iteration, decided once at the start of the next.
+    What came in between is not a gap polling caught, and the work goes on being counted."""
+
+    async def main() -> None:
+        poll = DecidingPoll()
+        poll.arrived()
+        for _ in range(100):
+            work(0.0001)
+            poll.idle()
+            poll.arrived()  # the next socket's request, in the same iteration
+        await asyncio.sleep(0)
+        assert poll.decisions == 1
+        assert not poll.polling
+        assert poll.policy.work_s is None, "no idle period yet: no work measured"
+        assert poll.policy.caught_s is None
+        assert poll.policy.hit_rate == 1.0
+        work(0.002)
+        poll.idle()  # the last answer: nothing more arrives
+        await asyncio.sleep(0)
+        assert poll.decisions == 2
+        assert poll.polling
+        assert poll.policy.work_s is not None
+        assert poll.policy.work_s >= 0.012
 
     uvloop.run(main())
 
