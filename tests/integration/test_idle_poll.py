@@ -23,13 +23,18 @@ def work(seconds: float) -> None:
 
 
 class CountingPoll(IdlePoll):
-    """Counts the loop iterations it polled in."""
+    """Counts the loop iterations it polled in, and its decisions whether the server went idle."""
 
     turns = 0
+    decisions = 0
 
     def _poll(self) -> None:
         self.turns += 1
         super()._poll()
+
+    def _decide(self) -> None:
+        self.decisions += 1
+        super()._decide()
 
 
 def test_the_loop_keeps_turning_for_the_window_then_sleeps():
@@ -72,23 +77,13 @@ def test_a_request_arriving_ends_the_polling():
     uvloop.run(main())
 
 
-class DecidingPoll(IdlePoll):
-    """Counts its decisions."""
-
-    decisions = 0
-
-    def _decide(self) -> None:
-        self.decisions += 1
-        super()._decide()
-
-
 def test_answers_and_arrivals_in_one_iteration_are_not_idle_periods():
     """Under load one iteration answers a request and reads the next again and again: the server is
     idle only if nothing arrives in the rest of the iteration, decided once at the start of the next.
     What came in between is not a gap polling caught, and the work goes on being counted."""
 
     async def main() -> None:
-        poll = DecidingPoll()
+        poll = CountingPoll()
         poll.arrived()
         for _ in range(100):
             work(0.0001)
