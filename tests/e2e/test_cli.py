@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import shutil
@@ -19,6 +18,7 @@ import tritonclient.grpc as grpcclient
 from tests.support import (
     ROOT,
     ServerProcess,
+    access_lines,
     free_port,
     infer_body,
     matmul_model,
@@ -294,8 +294,7 @@ def test_access_log_sampling_keeps_every_failure(tmp_path):
             assert request(server.port, "POST", "/v2/models/m/infer", bad).status == 400
     finally:
         server.stop()
-    lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
-    access = [line for line in lines if line["logger"] == "edgeinfer.access"]
+    access = access_lines(server)
     assert [line["status"] for line in access] == ["client_error"] * 3, "no success sampled at rate 0"
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import queue
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +21,7 @@ from tests.support import (
     NUMERIC_DTYPES,
     ServerProcess,
     infer_body,
+    json_log_lines,
     request,
     scrape,
     wait_for,
@@ -347,8 +347,7 @@ def test_a_request_id_in_metadata_is_used_and_sent_back(example_server: ServerPr
     assert trailing["x-request-id"] == "grpc-meta-7"
     # the access log is written after the answer (afterwards.py): the client may read its answer first
     wait_for(lambda: '"request_id":"grpc-meta-7"' in example_server.log(), what="the access-log line")
-    lines = [json.loads(line) for line in example_server.log().splitlines() if line.startswith("{")]
-    [line] = [line for line in lines if line.get("request_id") == "grpc-meta-7"]
+    [line] = [line for line in json_log_lines(example_server) if line.get("request_id") == "grpc-meta-7"]
     assert (line["protocol"], line["model"], line["status"]) == ("grpc", "simple", "success")
 
 

@@ -15,13 +15,12 @@ from typing import Any
 
 import grpc
 import numpy as np
-import orjson
 import pytest
 import tritonclient.grpc as grpcclient
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as otlp_grpc
 
-from tests.support import ServerProcess, infer_body, matmul_model, request, wait_for
+from tests.support import ServerProcess, access_lines, infer_body, matmul_model, request, wait_for
 
 HTTP_TRACE = "0af7651916cd43dd8448eb211c80319c"
 GRPC_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -187,8 +186,7 @@ def test_http_and_grpc_requests_continue_the_clients_trace_and_reach_the_otlp_re
     assert sorted(link for batch in batches for link in batch["links"]) == sorted(
         span["span_id"] for span in spans.values()
     )
-    log = [orjson.loads(line) for line in server.log().splitlines() if line.startswith("{")]
-    access = {line["request_id"]: line for line in log if line.get("logger") == "edgeinfer.access"}
+    access = {line["request_id"]: line for line in access_lines(server)}
     assert access["http-7"]["trace_id"] == HTTP_TRACE, "the access log names the trace"
     assert "trace_id" not in access["not-traced"]
 
