@@ -934,8 +934,7 @@ def main() -> None:
     if not args.no_slo:
         import slo
 
-        cnn_limit = limits["cnn"][1] if "cnn" in limits else None
-        slo_document, slo_markdown = slo.measure_all(3.0, plot, cnn_limit)
+        slo_document, slo_markdown = slo.measure_all(3.0, plot)
     summary = table(rows)
     ratios = scaling_summary(scaled)
     print("\n" + summary)

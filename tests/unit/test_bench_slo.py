@@ -17,9 +17,16 @@ def test_a_step_the_client_fell_behind_in_is_shown_and_not_counted():
         # a stall at 1,000/s: 30 ms late, refused or slow; the step again kept the SLO
         points.insert(0, step(model, "slo", 1000.0, 80.0 * slo_ms, client_behind=True))
     found = {"tiny": {"slo_ms": 4.0}, "cnn": {"slo_ms": 300.0}}
-    light = {"tiny_c1": [{"ratio": 0.5}], "cnn_c8_images_per_s": 9.0, "cnn_inprocess_images_per_s": 10.0}
+    light = {
+        "tiny_c1": [{"ratio": 0.5}],
+        "cnn_c8_images_per_s": 9.0,
+        "cnn_inprocess_images_per_s": 10.0,
+        "cnn_inprocess_before_after": [9.0, 11.0],
+    }
     summary = slo.targets(points, found, light, {})
     assert summary["tiny"]["slo_holds_up_to_share_of_sustainable"] == 1.0
     assert summary["cnn"]["configs"]["slo"]["holds_slo_up_to"] == 2000.0
+    shown = slo.targets_table(summary)  # the ratio against the mean of the in-process runs beside it
+    assert "| 0.90 (9.0 images/s; in-process 9.0 just before, 11.0 just after) |" in shown
     table = slo.points_table(points)
     assert table.count("slo (client behind, repeated)") == 2
