@@ -86,6 +86,26 @@ def request(
         connection.close()
 
 
+def grpc_refusal(grpc_port: int, message: Any, metadata: tuple[tuple[str, str], ...] = ()) -> Any:
+    """Send ``message`` (a ModelInferRequest) as a plain gRPC call that the server refuses: the
+    ``grpc.RpcError``, with its code, details and trailing metadata (tritonclient's error keeps no
+    trailers). Fails the test if the call is answered."""
+    import grpc
+    import pytest
+
+    from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
+
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        infer = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as raised:
+            infer(message, metadata=metadata, timeout=10)
+    return raised.value
+
+
 def rollout(
     grpc_port: int,
     method: str,

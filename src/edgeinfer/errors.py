@@ -12,7 +12,7 @@
     ├── ModelNotFound (LookupError)      no such model or version
     ├── ModelNotReady                    known, but not servable right now
     │   └── ModelEvicted                 unloaded to save memory; a request loads it again
-    ├── ServerBusy                       the model's queue is full; retry later
+    ├── ServerBusy                       refused for load (queue, SLO, limits); retry later
     ├── RequestTimeout (TimeoutError)    the deadline passed before the request ran
     ├── RequestCancelled                 the client went away before the request ran
     ├── Superseded                       a newer frame of the same stream replaced it (drop_stale)
@@ -22,6 +22,8 @@
 The core never mentions HTTP or gRPC. Each transport keeps one table from these classes to its own
 status codes and looks a raised error up along its MRO, so a new subclass inherits a sensible code.
 """
+
+import math
 
 
 class EdgeInferError(Exception):
@@ -85,11 +87,17 @@ class ModelEvicted(ModelNotReady):
 
 
 class ServerBusy(EdgeInferError):
-    """The model's queue is full. ``retry_after_s`` is a hint for the client."""
+    """Refused for load: the model's queue is full, the request would miss its SLO, or a connection or
+    call limit is reached. ``retry_after_s`` is a hint for the client: when the work ahead should be done."""
 
     def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+    @property
+    def retry_after_ms(self) -> int:
+        """The hint in whole milliseconds, rounded up (a client should not come back sooner), at least 1."""
+        return max(1, math.ceil(self.retry_after_s * 1000))
 
 
 class RequestTimeout(EdgeInferError, TimeoutError):

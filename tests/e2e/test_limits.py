@@ -14,13 +14,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import orjson
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import ROOT, ServerProcess, infer_body, matmul_model, request, scrape
+from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
+from tests.support import ROOT, ServerProcess, grpc_refusal, infer_body, matmul_model, request, scrape
 
 ONE_ROW = infer_body({"X": np.ones((1, 16), np.float32)})
 TIMEOUT_S = 0.5
@@ -120,6 +122,18 @@ def test_request_size_limits(limited: ServerProcess, limit: str, body: dict, sta
     assert (reply.status, reply.error) == (status, message)
     assert refusals(limited, limit) == before + 1
     still_serving(limited)
+
+
+def test_a_grpc_size_refusal_tells_clients_not_to_retry(limited: ServerProcess):
+    """RESOURCE_EXHAUSTED for a request over a size limit carries ``grpc-retry-pushback-ms: -1`` (gRFC A6):
+    a client whose retry policy retries RESOURCE_EXHAUSTED, meant for refusals for load, does not send
+    the same request again."""
+    message = pb.ModelInferRequest(model_name="simple")
+    message.inputs.add(name="X", datatype="FP32", shape=[9, 16]).contents.fp32_contents.extend([1.0] * 144)
+    refused = grpc_refusal(limited.grpc_port, message)
+    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_rows" in refused.details()
+    assert dict(refused.trailing_metadata())["grpc-retry-pushback-ms"] == "-1"
 
 
 def test_size_limits_over_grpc(limited: ServerProcess):

@@ -6,18 +6,23 @@ import http.client
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+import grpc
 import numpy as np
 import onnxruntime as ort
 import orjson
 import pytest
+import tritonclient.grpc as grpcclient
 
+from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
 from tests.support import (
     ServerProcess,
+    grpc_refusal,
     infer_body,
     metric,
     queue_state,
@@ -211,6 +216,7 @@ def test_a_request_that_would_miss_the_slo_gets_429_at_once_with_retry_after(spe
     assert "is over its latency objective" in reply.error
     assert "against an SLO of 1 ms" in reply.error
     assert int(reply.headers["retry-after"]) >= 1
+    assert 1 <= int(reply.headers["retry-after-ms"]) <= 1000 * int(reply.headers["retry-after"]) + 500
     assert unread.status == 429
     assert "it was refused before its body was read" in unread.error
     assert refused_while_running, "refused at once, not after waiting for the running batch"
@@ -269,6 +275,76 @@ def test_a_request_that_would_miss_the_slo_is_refused_before_its_body_arrives(sp
     assert b"it was refused before its body was read" in early
     assert after.startswith(b"HTTP/1.1 200"), "the dropped body left the connection in step"
     assert after.endswith(b'{"ready":true}')
+
+
+def test_a_grpc_refusal_for_the_slo_carries_the_retry_pushback(special_server):
+    """RESOURCE_EXHAUSTED with ``grpc-retry-pushback-ms`` (gRFC A6) beside the request id echoed."""
+    request_message = pb.ModelInferRequest(model_name="slow_slo")
+    tensor = request_message.inputs.add(name="X", datatype="FP32", shape=[1, 256])
+    tensor.contents.fp32_contents.extend([0.01] * 256)
+
+    def call() -> grpc.RpcError:
+        return grpc_refusal(special_server.grpc_port, request_message, (("x-request-id", "pushback-1"),))
+
+    refused = _while_slow_slo_runs(special_server.port, call)
+    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "is over its latency objective" in refused.details()
+    trailing = dict(refused.trailing_metadata())
+    assert trailing["x-request-id"] == "pushback-1"
+    assert int(trailing["grpc-retry-pushback-ms"]) >= 1
+
+
+def test_a_grpc_client_with_a_retry_policy_retries_when_the_pushback_says(special_server):
+    """tritonclient over a channel whose retry policy retries RESOURCE_EXHAUSTED twice, 10 ms apart: a
+    request refused for the SLO while a batch of 8 rows runs is retried when the server's pushback says
+    (the batch ahead at the cost it measured), and answered. Without the pushback both retries would come
+    within some 20 ms, into the same running batch, and be refused as well.
+
+    Zeros, not ``slow_body``'s 0.01: through the slow model's hundred matmuls 0.01 ends in subnormal
+    floats, several times slower to compute than the zeros warmup ran, and the cost the server measured
+    (the pushback) catches up with such a change only over many batches (runners/cost.py)."""
+    policy = {
+        "methodConfig": [
+            {
+                "name": [{"service": "inference.GRPCInferenceService", "method": "ModelInfer"}],
+                "retryPolicy": {
+                    "maxAttempts": 3,
+                    "initialBackoff": "0.01s",
+                    "maxBackoff": "0.01s",
+                    "backoffMultiplier": 1,
+                    "retryableStatusCodes": ["RESOURCE_EXHAUSTED"],
+                },
+            }
+        ]
+    }
+    port = special_server.port
+    zeros = grpcclient.InferInput("X", [1, 256], "FP32")
+    zeros.set_data_from_numpy(np.zeros((1, 256), dtype=np.float32))
+
+    def failed() -> int:  # refusals count as failures in Triton's statistics
+        return int(stats(special_server, "slow_slo")["inference_stats"]["fail"]["count"])
+
+    def body(rows: int) -> dict:
+        return infer_body({"X": np.zeros((rows, 256), dtype=np.float32)})
+
+    client = grpcclient.InferenceServerClient(
+        f"127.0.0.1:{special_server.grpc_port}",
+        channel_args=[("grpc.enable_retries", 1), ("grpc.service_config", orjson.dumps(policy).decode())],
+    )
+    try:
+        before = failed()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            running = pool.submit(request, port, "POST", "/v2/models/slow_slo/infer", body(8))
+            wait_queue(port, "slow_slo", 0, 1)
+            started = time.monotonic()
+            result = client.infer("slow_slo", [zeros])
+            took = time.monotonic() - started
+            assert running.result().status == 200
+    finally:
+        client.close()
+    assert result.as_numpy("Y").shape == (1, 256)
+    assert 1 <= failed() - before <= 2, "refused while the batch ran, then answered"
+    assert took >= 0.1, "the retry waited for the batch ahead, not the policy's 10 ms"
 
 
 def test_curl_expecting_100_continue_gets_the_refusal_and_sends_no_body(special_server, tmp_path: Path):

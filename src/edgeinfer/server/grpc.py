@@ -13,7 +13,8 @@ Every call first passes the API key check (``auth.Guard``, the key in ``authoriz
 given to clients as HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS per connection). A client's deadline
 becomes the request's deadline in the queue, and a cancelled call cancels its
 queued request, so neither is run for nobody. A request id sent as ``x-request-id`` metadata is used
-(else the request's V2 ``id``) and sent back in the trailing metadata, as HTTP echoes the header.
+(else the request's V2 ``id``) and sent back in the trailing metadata, as HTTP echoes the header; a
+refusal for load sends ``grpc-retry-pushback-ms`` there too, as HTTP sends Retry-After (``abort``).
 """
 
 from __future__ import annotations
@@ -80,6 +81,33 @@ def code_for(error: BaseException) -> grpc.StatusCode:
         if code is not None:
             return code
     return grpc.StatusCode.INTERNAL
+
+
+PUSHBACK = "grpc-retry-pushback-ms"
+
+
+def retry_pushback(error: BaseException, code: grpc.StatusCode) -> str | None:
+    """The ``grpc-retry-pushback-ms`` trailer for a RESOURCE_EXHAUSTED answer (gRFC A6, which gRPC clients
+    with a retry policy obey): a refusal for load says when the work ahead should be done, as HTTP's
+    Retry-After does; one for the request's size says not to retry (-1), as the same request would be
+    refused again. None for any other answer."""
+    if isinstance(error, ServerBusy):
+        return str(error.retry_after_ms)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return "-1"
+    return None
+
+
+async def abort(context: grpc.aio.ServicerContext, error: BaseException) -> None:
+    """End the call with the error's status and message, and the retry pushback where there is one
+    (added to the trailing metadata already set, such as the request id)."""
+    code = code_for(error)
+    pushback = retry_pushback(error, code)
+    if pushback is None:
+        await context.abort(code, describe_error(error))
+    else:
+        trailing = (*(context.trailing_metadata() or ()), (PUSHBACK, pushback))
+        await context.abort(code, describe_error(error), trailing)
 
 
 class _Malformed:
@@ -238,7 +266,7 @@ class GrpcServer:
             try:
                 self._admit(method, request, context)
             except EdgeInferError as error:
-                await context.abort(code_for(error), describe_error(error))
+                await abort(context, error)
             self._active += 1
             try:
                 return await handler(request, context)
@@ -247,7 +275,7 @@ class GrpcServer:
             except Exception as error:
                 if not isinstance(error, EdgeInferError):
                     log.error("unexpected error in a gRPC call", exc_info=error)
-                await context.abort(code_for(error), describe_error(error))
+                await abort(context, error)
             finally:
                 self._active -= 1
 
@@ -263,7 +291,7 @@ class GrpcServer:
         try:
             self._admit("ModelStreamInfer", None, context)
         except EdgeInferError as error:
-            await context.abort(code_for(error), describe_error(error))
+            await abort(context, error)
         self._active += 1
         try:
             async for answer in self.model_stream_infer(requests, context):

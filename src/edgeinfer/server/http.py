@@ -122,6 +122,8 @@ def response_for_error(error: BaseException) -> HttpResponse:
     response = error_response(status_for(error), describe_error(error))
     if isinstance(error, ServerBusy):
         response.headers.append((b"retry-after", str(max(1, round(error.retry_after_s))).encode()))
+        # Retry-After counts whole seconds, and a refusal for the SLO often means a few milliseconds
+        response.headers.append((b"retry-after-ms", str(error.retry_after_ms).encode()))
     elif isinstance(error, MethodNotAllowed):
         response.headers.append((b"allow", error.allowed.encode()))
     elif isinstance(error, Unauthenticated):
