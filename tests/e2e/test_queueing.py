@@ -101,6 +101,7 @@ def test_a_full_queue_gets_429_at_once_with_retry_after(special_server):
         assert reply.status == 429
         assert "'slow' version 1 has 4 requests queued, its limit (max_queue_size)" in reply.error
         assert int(reply.headers["retry-after"]) >= 1
+        assert int(reply.headers["retry-after-ms"]) >= 1  # the queue ahead at its measured cost
     assert sorted(status for _, status in finished) == [200] * 5
     # batches finished with work waiting: the queue's drain was measured (admission reads it)
     assert stats(special_server, "slow")["batch_cost"]["drain_per_row_ns"] > 0

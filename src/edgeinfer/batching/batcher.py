@@ -233,9 +233,11 @@ class Batcher:
             raise ModelNotReady(f"model {self.name} is unloading and takes no new requests")
         if len(self._pending) >= self.limits.max_queue_size:
             self.recorder.refused("queue_full")
+            cost = self.runner.cost  # the hint: the queue ahead at the measured cost (1 s before any)
             raise ServerBusy(
                 f"model {self.name} has {len(self._pending)} requests queued, its limit "
-                f"(max_queue_size); retry later"
+                f"(max_queue_size); retry later",
+                retry_after_s=self._backlog_s(cost, HIGHEST_PRIORITY) if cost.observed else 1.0,
             )
         now = time.monotonic()
         gap = now - self.last_submit  # the mean gap between arrivals (a gap over a second: start afresh)
