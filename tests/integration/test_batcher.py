@@ -64,10 +64,15 @@ def test_concurrent_requests_get_exactly_their_own_rows():
     assert stats.success.count == 200
 
 
-def test_full_queue_is_refused_at_once():
+@pytest.mark.parametrize(("measured", "retry_after_s"), [(False, 1.0), (True, 0.040)])
+def test_full_queue_is_refused_at_once_with_when_to_retry(measured, retry_after_s):
+    """The hint (Retry-After, retry-after-ms, gRPC's pushback) is the queue ahead at the measured cost: 10
+    ms a row, 1 running and 3 queued. Before any batch was measured it is 1 s."""
+
     async def main():
         backend = FakeBackend(hold=True)
-        batcher = make(backend, policy=BatchPolicy(max_batch_size=1), limits=QueueLimits(max_queue_size=3))
+        one, three = BatchPolicy(max_batch_size=1), QueueLimits(max_queue_size=3)
+        batcher = _seeded(backend, one, three) if measured else make(backend, policy=one, limits=three)
         running = submit(batcher, 0)  # nothing else in flight: starts at once, leaves the queue
         await entered(backend, 1)
         queued = [submit(batcher, 1.0 + i) for i in range(3)]
@@ -77,26 +82,7 @@ def test_full_queue_is_refused_at_once():
         await asyncio.gather(running, *queued)
         return refused.value
 
-    assert asyncio.run(main()).retry_after_s == 1.0  # no batch measured yet: the hint's default
-
-
-def test_a_full_queue_says_to_retry_once_the_queue_ahead_has_run():
-    """The hint (Retry-After, retry-after-ms, gRPC's pushback) is the queue at the cost measured: 10 ms a
-    row, 1 running and 3 queued. Before any batch was measured it is 1 s."""
-
-    async def main():
-        backend = FakeBackend(hold=True)
-        batcher = _seeded(backend, BatchPolicy(max_batch_size=1), QueueLimits(max_queue_size=3))
-        running = submit(batcher, 0)
-        await entered(backend, 1)
-        queued = [submit(batcher, 1.0 + i) for i in range(3)]
-        with pytest.raises(ServerBusy, match="3 requests queued") as refused:
-            submit(batcher, 9)
-        backend.release()
-        await asyncio.gather(running, *queued)
-        return refused.value
-
-    assert asyncio.run(main()).retry_after_s == pytest.approx(0.040)
+    assert asyncio.run(main()).retry_after_s == pytest.approx(retry_after_s)
 
 
 def test_expired_request_is_answered_with_a_timeout_and_never_run():
