@@ -218,6 +218,7 @@ def test_a_request_that_would_miss_the_slo_gets_429_at_once_with_retry_after(spe
     assert "against an SLO of 1 ms" in reply.error
     assert int(reply.headers["retry-after"]) >= 1
     assert 1 <= int(reply.headers["retry-after-ms"]) <= 1000 * int(reply.headers["retry-after"]) + 500
+    assert reply.error.endswith(f"; retry in {reply.headers['retry-after-ms']} ms")  # for streams, logs
     assert unread.status == 429
     assert "it was refused before its body was read" in unread.error
     assert refused_while_running, "refused at once, not after waiting for the running batch"

@@ -82,7 +82,9 @@ def test_full_queue_is_refused_at_once_with_when_to_retry(measured, retry_after_
         await asyncio.gather(running, *queued)
         return refused.value
 
-    assert asyncio.run(main()).retry_after_s == pytest.approx(retry_after_s)
+    refused = asyncio.run(main())
+    assert refused.retry_after_s == pytest.approx(retry_after_s)
+    assert refused.message.endswith(f"; retry in {round(retry_after_s * 1000)} ms")
 
 
 def test_expired_request_is_answered_with_a_timeout_and_never_run():
@@ -478,6 +480,7 @@ def test_a_request_predicted_to_miss_the_slo_is_refused_at_once_and_counted():
 
     batcher, refused = asyncio.run(main())
     assert refused.retry_after_s == pytest.approx(0.030)  # the measured backlog it met
+    assert refused.message.endswith("; retry in 30 ms")
     assert batcher.recorder.metrics.refused == {"slo": 1}
     assert batcher.recorder.stats.fail.count == 1
 

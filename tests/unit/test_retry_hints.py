@@ -23,6 +23,7 @@ from edgeinfer.server.http import response_for_error
         (0.0042, b"1", b"5"),  # an SLO refusal: milliseconds, rounded up; the header allows no less than 1 s
         (0.0, b"1", b"1"),  # never "now"
         (0.8, b"1", b"800"),
+        (0.02 + 0.01, b"1", b"30"),  # 30.000000000000004 ms: float noise, not a 31st millisecond
         (2.6, b"3", b"2600"),
         (1.0, b"1", b"1000"),  # a full queue's default
     ],

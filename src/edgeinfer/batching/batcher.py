@@ -40,6 +40,7 @@ from edgeinfer.errors import (
     RequestTimeout,
     ServerBusy,
     Superseded,
+    whole_ms,
 )
 from edgeinfer.outcome import RequestTrace
 from edgeinfer.runners import BatchResult, BatchTimes, Runner, Tensors, Work
@@ -234,10 +235,11 @@ class Batcher:
         if len(self._pending) >= self.limits.max_queue_size:
             self.recorder.refused("queue_full")
             cost = self.runner.cost  # the hint: the queue ahead at the measured cost (1 s before any)
+            retry_s = self._backlog_s(cost, HIGHEST_PRIORITY) if cost.observed else 1.0
             raise ServerBusy(
                 f"model {self.name} has {len(self._pending)} requests queued, its limit "
-                f"(max_queue_size); retry later",
-                retry_after_s=self._backlog_s(cost, HIGHEST_PRIORITY) if cost.observed else 1.0,
+                f"(max_queue_size); retry in {whole_ms(retry_s)} ms",
+                retry_after_s=retry_s,
             )
         now = time.monotonic()
         gap = now - self.last_submit  # the mean gap between arrivals (a gap over a second: start afresh)
@@ -474,7 +476,8 @@ class Batcher:
                 f"model {self.name} is over its latency objective: the server is {waited_s * 1000:.1f} "
                 f"ms behind and {TURNS_TO_ANSWER} loop iterations of {turns_s / TURNS_TO_ANSWER * 1000:.1f} "
                 f"ms from an answer{self._margin_text(behind_margin_s)}, against an SLO of "
-                f"{slo_s * 1000:.0f} ms; it was refused before its body was read; retry later",
+                f"{slo_s * 1000:.0f} ms; it was refused before its body was read; "
+                f"retry in {whole_ms(waited_s + turns_s)} ms",
                 retry_after_s=waited_s + turns_s,
             )
             if lag is not None:
@@ -515,7 +518,8 @@ class Batcher:
             f"model {self.name} is over its latency objective: {who} would finish in "
             f"{(reading_s + backlog_s + own_s + lag_s) * 1000:.1f} ms ({reading} {reading_s * 1000:.1f} ms, "
             f"queue ahead {backlog_s * 1000:.1f} ms, server busy {lag_s * 1000:.1f} ms)"
-            f"{self._margin_text(margin_s)} against an SLO of {slo_s * 1000:.0f} ms; {done}retry later",
+            f"{self._margin_text(margin_s)} against an SLO of {slo_s * 1000:.0f} ms; {done}"
+            f"retry in {whole_ms(backlog_s + lag_s)} ms",
             retry_after_s=backlog_s + lag_s,
         )
 
