@@ -300,11 +300,7 @@ def test_a_grpc_client_with_a_retry_policy_retries_when_the_pushback_says(specia
     """tritonclient over a channel whose retry policy retries RESOURCE_EXHAUSTED twice, 10 ms apart: a
     request refused for the SLO while a batch of 8 rows runs is retried when the server's pushback says
     (the batch ahead at the cost it measured), and answered. Without the pushback both retries would come
-    within some 20 ms, into the same running batch, and be refused as well.
-
-    Zeros, not ``slow_body``'s 0.01: through the slow model's hundred matmuls 0.01 ends in subnormal
-    floats, several times slower to compute than the zeros warmup ran, and the cost the server measured
-    (the pushback) catches up with such a change only over many batches (runners/cost.py)."""
+    within some 20 ms, into the same running batch, and be refused as well."""
     policy = {
         "methodConfig": [
             {
@@ -319,16 +315,13 @@ def test_a_grpc_client_with_a_retry_policy_retries_when_the_pushback_says(specia
             }
         ]
     }
-    port = special_server.port
-    zeros = grpcclient.InferInput("X", [1, 256], "FP32")
-    zeros.set_data_from_numpy(np.zeros((1, 256), dtype=np.float32))
+    row = grpcclient.InferInput("X", [1, 256], "FP32")
+    row.set_data_from_numpy(np.full((1, 256), 0.01, dtype=np.float32))
 
     def failed() -> int:  # refusals count as failures in Triton's statistics
         return int(stats(special_server, "slow_slo")["inference_stats"]["fail"]["count"])
 
-    def body(rows: int) -> dict:
-        return infer_body({"X": np.zeros((rows, 256), dtype=np.float32)})
-
+    port = special_server.port
     client = grpcclient.InferenceServerClient(
         f"127.0.0.1:{special_server.grpc_port}",
         channel_args=[("grpc.enable_retries", 1), ("grpc.service_config", orjson.dumps(policy).decode())],
@@ -336,10 +329,10 @@ def test_a_grpc_client_with_a_retry_policy_retries_when_the_pushback_says(specia
     try:
         before = failed()
         with ThreadPoolExecutor(max_workers=1) as pool:
-            running = pool.submit(request, port, "POST", "/v2/models/slow_slo/infer", body(8))
+            running = pool.submit(request, port, "POST", "/v2/models/slow_slo/infer", slow_body(8))
             wait_queue(port, "slow_slo", 0, 1)
             started = time.monotonic()
-            result = client.infer("slow_slo", [zeros])
+            result = client.infer("slow_slo", [row])  # refused, then retried after the batch
             took = time.monotonic() - started
             assert running.result().status == 200
     finally:
