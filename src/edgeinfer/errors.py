@@ -23,6 +23,8 @@ The core never mentions HTTP or gRPC. Each transport keeps one table from these 
 status codes and looks a raised error up along its MRO, so a new subclass inherits a sensible code.
 """
 
+from __future__ import annotations
+
 import math
 
 
@@ -93,6 +95,12 @@ class ServerBusy(EdgeInferError):
     def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+    @classmethod
+    def retry_in(cls, message: str, retry_after_s: float) -> ServerBusy:
+        """A refusal whose message ends with the hint too ("; retry in 5 ms"): all that a refused message
+        of a stream carries, where no header or trailer goes."""
+        return cls(f"{message}; retry in {whole_ms(retry_after_s)} ms", retry_after_s)
 
     @property
     def retry_after_ms(self) -> int:

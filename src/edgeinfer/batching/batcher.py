@@ -40,7 +40,6 @@ from edgeinfer.errors import (
     RequestTimeout,
     ServerBusy,
     Superseded,
-    whole_ms,
 )
 from edgeinfer.outcome import RequestTrace
 from edgeinfer.runners import BatchResult, BatchTimes, Runner, Tensors, Work
@@ -236,10 +235,9 @@ class Batcher:
             self.recorder.refused("queue_full")
             cost = self.runner.cost  # the hint: the queue ahead at the measured cost (1 s before any)
             retry_s = self._backlog_s(cost, HIGHEST_PRIORITY) if cost.observed else 1.0
-            raise ServerBusy(
-                f"model {self.name} has {len(self._pending)} requests queued, its limit "
-                f"(max_queue_size); retry in {whole_ms(retry_s)} ms",
-                retry_after_s=retry_s,
+            raise ServerBusy.retry_in(
+                f"model {self.name} has {len(self._pending)} requests queued, its limit (max_queue_size)",
+                retry_s,
             )
         now = time.monotonic()
         gap = now - self.last_submit  # the mean gap between arrivals (a gap over a second: start afresh)
@@ -472,13 +470,12 @@ class Batcher:
         behind_margin_s = margin_s if waited_s else 0.0  # like the turns: only for a request that waited
         if waited_s + turns_s + own_s + behind_margin_s > slo_s >= own_s:
             self.recorder.refused("slo")
-            refusal = ServerBusy(
+            refusal = ServerBusy.retry_in(
                 f"model {self.name} is over its latency objective: the server is {waited_s * 1000:.1f} "
                 f"ms behind and {TURNS_TO_ANSWER} loop iterations of {turns_s / TURNS_TO_ANSWER * 1000:.1f} "
                 f"ms from an answer{self._margin_text(behind_margin_s)}, against an SLO of "
-                f"{slo_s * 1000:.0f} ms; it was refused before its body was read; "
-                f"retry in {whole_ms(waited_s + turns_s)} ms",
-                retry_after_s=waited_s + turns_s,
+                f"{slo_s * 1000:.0f} ms; it was refused before its body was read",
+                waited_s + turns_s,
             )
             if lag is not None:
                 self._refused_turn = (lag.turns, refusal)
@@ -496,7 +493,7 @@ class Batcher:
                 backlog_s,
                 own_s,
                 lag_s,
-                "it was refused before its body was read; ",
+                "; it was refused before its body was read",
             )
         return None
 
@@ -514,13 +511,12 @@ class Batcher:
         (``refuse_unread``) or after (``_admit``): what the prediction added up."""
         self.recorder.refused("slo")
         slo_s, margin_s = self.limits.slo_s or 0.0, self.slo_margin_s
-        return ServerBusy(
+        return ServerBusy.retry_in(
             f"model {self.name} is over its latency objective: {who} would finish in "
             f"{(reading_s + backlog_s + own_s + lag_s) * 1000:.1f} ms ({reading} {reading_s * 1000:.1f} ms, "
             f"queue ahead {backlog_s * 1000:.1f} ms, server busy {lag_s * 1000:.1f} ms)"
-            f"{self._margin_text(margin_s)} against an SLO of {slo_s * 1000:.0f} ms; {done}"
-            f"retry in {whole_ms(backlog_s + lag_s)} ms",
-            retry_after_s=backlog_s + lag_s,
+            f"{self._margin_text(margin_s)} against an SLO of {slo_s * 1000:.0f} ms{done}",
+            backlog_s + lag_s,
         )
 
     def _goes_alone(self, rows: int, due: float | None, now: float) -> bool:
