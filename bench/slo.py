@@ -371,10 +371,11 @@ def targets_table(summary: dict) -> str:
         f"| tiny JSON c=1 p50 / FastAPI p50, worst of {FRESH_RUNS} fresh processes | <= 0.60 | "
         f"{summary['tiny_json_c1_p50_vs_fastapi_worst_of_3']:.2f} ({runs}) |"
     )
+    before, after = summary["cnn_inprocess_before_after"]
     lines.append(
         "| cnn JSON c=8 / in-process ONNX Runtime, no tuning | >= 0.85 | "
         f"{summary['cnn_json_c8_vs_inprocess']:.2f} ({summary['cnn_json_c8_images_per_s']:.1f} images/s; "
-        "in-process {:.1f} just before, {:.1f} just after) |".format(*summary["cnn_inprocess_before_after"])
+        f"in-process {before:.1f} just before, {after:.1f} just after) |"
     )
     for model in MODELS:
         entry = summary[model]
