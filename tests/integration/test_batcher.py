@@ -403,6 +403,33 @@ def test_a_request_that_starts_alone_is_counted_once_inline_in_a_thread_or_cance
     assert (stats.success.count, stats.fail.count, stats.execution_count) == (0, 1, 1)
 
 
+def test_a_batch_that_fails_inline_fails_its_requests_alone_or_merged_and_each_is_counted_once():
+    """On the loop a batch's failure is raised by the runner itself (there is no future): the request
+    that ran alone and those merged after it in the same iteration get the model's error, each is
+    counted once as a failure, and the next request runs."""
+
+    async def main():
+        backend = FakeBackend(fail_when=lambda inputs: bool((inputs["x"] == 13).any()))
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=8), inline_max_s=1.0)
+        await submit(batcher, 0.0)  # measured: from now on batches run inline
+        await asyncio.sleep(0)
+        alone, *merged = [submit(batcher, 13.0) for _ in range(3)]
+        assert alone.done()  # failed before submit returned
+        outcomes = await asyncio.gather(alone, *merged, return_exceptions=True)
+        await asyncio.sleep(0)
+        after = submit(batcher, 2.0)
+        assert after.done()
+        await asyncio.sleep(0)  # the records come after the iteration
+        return outcomes, after.result(), batcher.recorder.stats, batcher.outstanding, backend
+
+    outcomes, after, stats, outstanding, backend = asyncio.run(main())
+    assert all(isinstance(outcome, InferenceFailed) for outcome in outcomes)
+    assert all("ValueError: the fake model was told to fail" in str(outcome) for outcome in outcomes)
+    np.testing.assert_array_equal(after["y"], rows(4.0, 1))
+    assert (stats.success.count, stats.fail.count, outstanding) == (2, 3, 0)
+    assert [len(batch) for batch in backend.batches] == [1, 1, 2, 1]  # the two after the lone one merged
+
+
 def test_requests_read_in_the_iteration_of_one_that_ran_alone_merge_after_it():
     """Under load the loop reads many requests per iteration: the first runs alone inline, the others
     queue and run as one batch once the iteration is over (not each alone: `tiny` at concurrency 64

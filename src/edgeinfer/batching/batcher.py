@@ -42,7 +42,7 @@ from edgeinfer.errors import (
     Superseded,
 )
 from edgeinfer.outcome import RequestTrace
-from edgeinfer.runners import BatchResult, BatchTimes, Runner, Tensors, Work
+from edgeinfer.runners import BatchResult, BatchTimes, Result, Runner, Tensors, Work
 from edgeinfer.runners.cost import CostModel
 
 
@@ -298,21 +298,65 @@ class Batcher:
         many requests per iteration, and that is where they merge: `tiny` over JSON at concurrency 64
         ran batches of 1.00 row at 3,466 requests/s when each ran alone, 21.8 rows at 4,873/s when
         they merged."""
-        future: asyncio.Future[Tensors] = self._loop.create_future()
-        self._outstanding += 1
-        self.recorder.started(0.0)
+        rows = work.rows
         if trace is not None:
-            trace.queue_s, trace.batch_rows = 0.0, work.rows
-        self._run([_Job(work, future, trace)], work.rows, now)
-        if future.done():  # queue and runner are as they were: so is ``_idle``
-            self._answered(None, now, future, due)
-            if not self._ran_this_turn:
-                self._ran_this_turn = True
-                self._loop.call_soon(self._turn_over)
-        else:
-            self._idle.clear()
-            future.add_done_callback(partial(self._answered, None, now, due=due))
+            trace.queue_s, trace.batch_rows = 0.0, rows
+        future: asyncio.Future[Tensors] = self._loop.create_future()
+        self._running += 1
+        self._running_rows += rows
+        try:
+            done = self.runner.run([work])
+        except Exception as error:  # it ran inline and failed
+            self._answer_alone(future, error, rows, now, trace, due)
+            return future
+        if isinstance(done, BatchResult):
+            self._answer_alone(future, done, rows, now, trace, due)
+            return future
+        self._outstanding += 1  # in a thread: answered as a batch when it finishes
+        self.recorder.started(0.0)
+        self._idle.clear()
+        future.add_done_callback(partial(self._answered, None, now, due=due))
+        done.add_done_callback(partial(self._finish, [_Job(work, future, trace)], rows, now))
         return future
+
+    def _answer_alone(
+        self,
+        future: asyncio.Future[Tensors],
+        done: BatchResult | BaseException,
+        rows: int,
+        started: float,
+        trace: RequestTrace | None,
+        due: float | None,
+    ) -> None:
+        """Answer a request whose batch of one ran inline (``done``: its result or its error) and count
+        it: what ``_complete`` and ``_answered`` do for a batch, in fewer steps (one record, no job, no
+        callback), because at concurrency 1 each step is latency. The queue and the runner are as they
+        were before the request, and so is ``_idle``."""
+        self._running -= 1
+        self._running_rows -= rows
+        self._last_done = None  # inline: not a drain (``_drained``)
+        times: BatchTimes | None
+        outputs: Result
+        if isinstance(done, BaseException):
+            times, outputs, error = None, done, done
+        else:
+            times, outputs, error = done.times, done.results[0], None
+        if self._spans is not None:
+            self._spans.batch_done(started, [trace], rows, times, error)
+        if trace is not None and times is not None and times.infer_ns:
+            trace.compute_s = times.infer_ns / 1e9
+        succeeded = not isinstance(outputs, BaseException)
+        if isinstance(outputs, BaseException):
+            future.set_exception(self._as_error(outputs))
+        else:
+            future.set_result(outputs)
+        answered = time.monotonic()
+        self.recorder.ran_alone(rows, times, succeeded, answered - started)
+        if succeeded and due is not None and self._margin is not None:
+            self._margin.answered(answered > due)
+        if not self._ran_this_turn:
+            self._ran_this_turn = True
+            self._loop.call_soon(self._turn_over)
 
     def _turn_over(self) -> None:
         """The loop iteration in which a request ran alone inline is over (see ``_run_alone``)."""
@@ -530,6 +574,9 @@ class Batcher:
         lag = self._lag
         if lag is not None and lag.lag_s and rows < policy.max_batch_size:
             return False  # the loop is behind: requests it reads in this iteration merge (lag.py)
+        cost = self.runner.cost
+        if cost.observed and not merging_pays(cost.per_row_s, cost.per_batch_s):
+            return True  # what ``runs_alone`` answers then, without building ``Measured`` for it
         return runs_alone(rows, due, policy, now, self.measured())
 
     def _flush(self) -> None:
@@ -661,15 +708,24 @@ class Batcher:
         """Hand the batch to the runner; it is answered now if it ran inline, else when it finishes."""
         self._running += 1
         self._running_rows += rows
-        done = self.runner.run([jobs[0].work] if len(jobs) == 1 else [job.work for job in jobs])
-        if done.done():  # ran inline: answer now; the caller's scheduling loop goes on
+        try:
+            done = self.runner.run([jobs[0].work] if len(jobs) == 1 else [job.work for job in jobs])
+        except Exception as error:  # it ran inline and failed
+            self._complete(jobs, rows, now, error, inline=True)
+            return
+        if isinstance(done, BatchResult):  # ran inline: answer now; the caller's scheduling loop goes on
             self._complete(jobs, rows, now, done, inline=True)
         else:
             done.add_done_callback(partial(self._finish, jobs, rows, now))
 
     def _finish(self, jobs: list[_Job], rows: int, started: float, done: asyncio.Future[BatchResult]) -> None:
         """Runner callback: deliver the batch's results, then see what can run next."""
-        self._complete(jobs, rows, started, done)
+        outcome: BatchResult | BaseException
+        if done.cancelled():
+            outcome = ModelNotReady(f"model {self.name} stopped before the batch ran")
+        else:
+            outcome = done.exception() or done.result()
+        self._complete(jobs, rows, started, outcome)
         self._schedule(None)
 
     def _complete(
@@ -677,32 +733,29 @@ class Batcher:
         jobs: list[_Job],
         rows: int,
         started: float,
-        done: asyncio.Future[BatchResult],
+        done: BatchResult | BaseException,
         inline: bool = False,
     ) -> None:
+        """A batch handed to the runner at ``started`` finished: ``done`` is its result or its error."""
         self._running -= 1
         self._running_rows -= rows
         self._drained(rows, inline)
-        error = (
-            ModelNotReady(f"model {self.name} stopped before the batch ran")
-            if done.cancelled()
-            else done.exception()
-        )
         if self._spans is not None:
-            self._spans.batch_done(
-                started, [job.trace for job in jobs], rows, None if error else done.result().times, error
-            )
-        if error is not None:
-            self._fail(jobs, error)
+            traces = [job.trace for job in jobs]
+            if isinstance(done, BaseException):
+                self._spans.batch_done(started, traces, rows, None, done)
+            else:
+                self._spans.batch_done(started, traces, rows, done.times, None)
+        if isinstance(done, BaseException):
+            self._fail(jobs, done)
             return
-        result = done.result()
-        times = result.times
+        times = done.times
         if times.infer_ns:
             self.recorder.batch_done(rows, len(jobs), times)
             for job in jobs:
                 if job.trace is not None:
                     job.trace.compute_s = times.infer_ns / 1e9
-        for job, outputs in zip(jobs, result.results, strict=True):
+        for job, outputs in zip(jobs, done.results, strict=True):
             if job.future.done():
                 continue
             if isinstance(outputs, BaseException):  # a per-request error from a Python model

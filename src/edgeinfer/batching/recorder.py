@@ -29,6 +29,17 @@ class BatchRecorder:
     def batch_done(self, rows: int, requests: int, times: BatchTimes) -> None:
         self._afterwards.call(self._batch_done, rows, requests, times)
 
+    def ran_alone(self, rows: int, times: BatchTimes | None, succeeded: bool, elapsed_s: float) -> None:
+        """A request ran at once in a batch of its own, inline: ``started``, ``batch_done`` (``times``:
+        None if the batch failed) and ``answered`` in one record (the light-load path)."""
+        self._afterwards.call(self._ran_alone, rows, times, succeeded, elapsed_s)
+
+    def _ran_alone(self, rows: int, times: BatchTimes | None, succeeded: bool, elapsed_s: float) -> None:
+        self._started(0.0)
+        if times is not None and times.infer_ns:
+            self._batch_done(rows, 1, times)
+        self._answered(succeeded, elapsed_s)
+
     def refused(self, reason: str) -> None:
         """A request was refused before it was queued (``reason``: queue_full, slo or deadline); Triton's
         statistics count it as a failure, as they count one that failed in the queue."""

@@ -24,7 +24,7 @@ from edgeinfer.protocol.datatypes import numpy_dtype
 from edgeinfer.protocol.types import TensorSpec
 from edgeinfer.repository.remote import fetch_url, is_remote
 from edgeinfer.repository.sources import ModelSource
-from edgeinfer.runners import Runner, Tensors, Work
+from edgeinfer.runners import BatchResult, Runner, Tensors, Work
 from edgeinfer.validation import check_request
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,8 @@ async def _run(
     the input (a ``ModelError``) or answered it with other row counts (unsplittable: made-up inputs
     such as zeros may be filtered out by the model). Anything else fails the load."""
     try:
-        result = (await runner.run([Work(inputs, rows, parameters=dict(parameters or {}))])).results[0]
+        done = runner.run([Work(inputs, rows, parameters=dict(parameters or {}))])
+        result = (done if isinstance(done, BatchResult) else await done).results[0]
     except Exception as exc:
         result = exc
     if isinstance(result, (InvalidInput, RowsMismatch)):

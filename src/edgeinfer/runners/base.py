@@ -73,7 +73,8 @@ class Runner(Protocol):
     """Executes batches of one model version.
 
     ``run`` is called on the event loop and returns a future (awaitable) of the batch's results; a runner
-    that executed the batch inline returns it already done. A whole-batch failure is the future's
+    that executed the batch inline returns its results themselves (and raises its failure): no future
+    to make, complete and read for a batch that is done already. A whole-batch failure is the future's
     exception; a per-request failure is an exception in that request's place. At most ``capacity``
     batches are handed to a runner at once (those beyond its ``concurrency`` wait inside it, ready to start).
     ``close`` is awaited once, after the last batch finished.
@@ -83,7 +84,7 @@ class Runner(Protocol):
     concurrency: int
     cost: CostModel
 
-    def run(self, batch: list[Work]) -> asyncio.Future[BatchResult]: ...
+    def run(self, batch: list[Work]) -> asyncio.Future[BatchResult] | BatchResult: ...
 
     async def close(self) -> None: ...
 

@@ -43,8 +43,7 @@ class ThreadRunner:
         self.cost = CostModel()
         self._afterwards = Afterwards()
 
-    def run(self, batch: list[Work]) -> asyncio.Future[BatchResult]:
-        loop = asyncio.get_running_loop()
+    def run(self, batch: list[Work]) -> asyncio.Future[BatchResult] | BatchResult:
         rows = batch[0].rows if len(batch) == 1 else sum(work.rows for work in batch)
         if self._in_threads == 0 and self._inline_allowed:
             cost = self.cost
@@ -52,26 +51,19 @@ class ThreadRunner:
             if estimate is None:
                 estimate = cost.estimate_s(rows)
             if self.inline.goes_inline(rows, estimate):
-                return self._run_inline(loop, batch, rows)
+                return self._run_inline(batch, rows)
+        loop = asyncio.get_running_loop()
         self._in_threads += 1
         alone = self._in_threads == 1  # the hop is measured on batches that wait for nothing else here
         done = loop.run_in_executor(self._executor, self._in_thread, batch, time.perf_counter_ns())
         done.add_done_callback(partial(self._finished, rows, alone))
         return done
 
-    def _run_inline(
-        self, loop: asyncio.AbstractEventLoop, batch: list[Work], rows: int
-    ) -> asyncio.Future[BatchResult]:
-        done: asyncio.Future[BatchResult] = loop.create_future()
+    def _run_inline(self, batch: list[Work], rows: int) -> BatchResult:
         times = BatchTimes()
-        try:
-            results = self._execute(batch, times)
-        except Exception as error:
-            done.set_exception(error)
-            return done
+        results = self._execute(batch, times)
         self._afterwards.call(self._ran_inline, rows, times.total_s)  # the answers go out first
-        done.set_result(BatchResult(results, times))
-        return done
+        return BatchResult(results, times)
 
     def _ran_inline(self, rows: int, seconds: float) -> None:
         self.cost.observe(rows, seconds)
