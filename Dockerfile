@@ -16,10 +16,10 @@ ARG RUNTIME_IMAGE=gcr.io/distroless/python3-debian12:nonroot
 FROM ${BUILD_IMAGE} AS build
 ARG EXTRAS=""
 # Debian's current versions are the ones wanted; this stage is thrown away (binutils: strip; gcc: the
-# C part of the wheel, setup.py).
+# C part of the wheel and, with python3-dev's headers, the request path compiled by mypyc: setup.py).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv binutils ca-certificates gcc libc6-dev \
+    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev binutils ca-certificates gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./

@@ -13,7 +13,11 @@ METRICS_PORT ?= 8082
 # uv resolves and installs in seconds what pip takes minutes for (dev extras into a new environment, no
 # cache: 2 min 32 s with pip, 13 s with uv). --system-certs: the machine's own CA roots, as pip uses them.
 UV_VERSION := 0.13.9
-INSTALL = $(BIN)/uv pip install --quiet --system-certs --python $(BIN)/python
+# --reinstall-package: uv would otherwise keep the installed build when only a source changed, and the
+# compiled modules would be the old code (setup.py; edgeinfer/native.py)
+INSTALL = $(BIN)/uv pip install --quiet --system-certs --python $(BIN)/python --reinstall-package edgeinfer
+# The modules setup.py compiles (mypyc): a change to one means building again.
+COMPILED_SOURCES := $(shell sed -n 's|^    "\(edgeinfer/.*\.py\)",$$|src/\1|p' setup.py)
 # Bytecode compiled ahead: where PYTHONDONTWRITEBYTECODE=1 (this project's machines, containers) Python
 # would otherwise compile every module again at every start: 0.25 s of a 0.75 s start-up with gRPC
 # (docs/deployment.md). The dev environment starts servers by the hundred (tests, benchmarks): all of it;
@@ -24,14 +28,18 @@ $(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
 
-$(STAMP): pyproject.toml setup.py src/edgeinfer/protocol/_jsonscan.c | $(BIN)/uv
+$(STAMP): pyproject.toml setup.py src/edgeinfer/protocol/_jsonscan.c $(COMPILED_SOURCES) | $(BIN)/uv
 	$(INSTALL) --compile-bytecode -e '.[dev,bench]'
 	$(COMPILE)
 	touch $(STAMP) $(SERVE_STAMP)
 
-# serving needs only the package and Pillow (the image pipeline example): a first answer sooner
+# serving needs only the package and Pillow (the image pipeline example): a first answer sooner. The
+# request path is not compiled for it (46 s on 2 cores: it runs as Python, about a third slower per
+# request; `make install` compiles it); what an earlier build compiled is removed, not left to shadow
+# its source.
 $(SERVE_STAMP): pyproject.toml setup.py src/edgeinfer/protocol/_jsonscan.c | $(BIN)/uv
-	$(INSTALL) -e '.[examples]'
+	rm -f $(patsubst %.py,%.cpython-*.so,$(COMPILED_SOURCES)) src/edgeinfer__mypyc.*.so
+	EDGEINFER_COMPILE=0 $(INSTALL) -e '.[examples]'
 	$(COMPILE)
 	touch $(SERVE_STAMP)
 

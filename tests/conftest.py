@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from edgeinfer import native
 from tests.support import (
     EXAMPLES,
     ServerProcess,
@@ -13,6 +14,18 @@ from tests.support import (
     row_changing_model,
     slow_model,
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Python imports a compiled module before its source (``edgeinfer/native.py``): tests run against
+    one built before its source last changed would test the old code."""
+    stale = native.stale()
+    if stale:
+        pytest.exit(
+            f"compiled modules older than their sources: {', '.join(stale)}; rebuild them (make install) "
+            "or run pytest through make test, which does",
+            returncode=4,
+        )
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ the YAML (see ``config.py``). Exit codes: 0 normal stop, 1 a model failed to loa
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -189,6 +190,20 @@ def _workers(value: str | None) -> int | str | None:
     return int(value) if value is not None and value.lstrip("-").isdigit() else value
 
 
+def _warn_if_stale() -> None:
+    """A source checkout whose compiled modules are older than their sources runs the old code
+    (``native.py``): say so before serving it."""
+    from edgeinfer import native
+
+    stale = native.stale()
+    if stale:
+        logging.getLogger("edgeinfer").warning(
+            "compiled modules older than their sources, running the old code: %s (rebuild them: make "
+            "install, or build with EDGEINFER_COMPILE=0 to run the sources)",
+            ", ".join(stale),
+        )
+
+
 def serve(args: argparse.Namespace) -> int:
     # Imported here so that `edgeinfer --version` and `--help` answer without loading the server.
     from edgeinfer.config import load_config
@@ -214,6 +229,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, overrides)
         setup_logging(config.logging.level, config.logging.format)
+        _warn_if_stale()
         server = Server(config)
         server.run()
     except (ConfigError, ModelLoadError) as error:

@@ -345,16 +345,18 @@ class InferenceService:
             index.append(item)
         return index
 
-    async def set_route(self, name: str, variants: list[dict[str, Any]] | None) -> None:
+    async def set_route(self, name: str, variants: Any) -> None:
         """Replace (or with None or [], remove) the weighted route of ``name``; with workers, on every
-        worker before this returns. Routes set here last until restart; the config's come back then."""
+        worker before this returns. Routes set here last until restart; the config's come back then.
+        ``variants``: as the client sent them (a list of dicts, or anything else: refused, by
+        ``parse_route``)."""
         parse_route(name, variants)  # a bad route is the client's error before any worker sees it
         if self._cluster is not None:
             await self._cluster.route(name, variants)
         else:
             self.local_route(name, variants)
 
-    def local_route(self, name: str, variants: list[dict[str, Any]] | None) -> None:
+    def local_route(self, name: str, variants: Any) -> None:
         self.router.set_route(name, parse_route(name, variants))
 
     def routes(self) -> dict[str, Any]:

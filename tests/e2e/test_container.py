@@ -156,6 +156,20 @@ def test_the_image_decodes_large_json_bodies_without_the_gil(image: str):
 
 
 @pytest.mark.deploy
+def test_in_the_image_the_request_path_runs_compiled(image: str):
+    """The wheel's build compiles the request path with mypyc (setup.py): the image runs it."""
+    check = "from edgeinfer import native; print(' '.join(native.compiled()))"
+    found = subprocess.run(
+        ["podman", "run", "--rm", *_engine_flags(), "--entrypoint", "python3", image, "-c", check],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    assert {"edgeinfer.service", "edgeinfer.server.http_protocol", "edgeinfer.batching.batcher"} <= set(
+        found.stdout.split()
+    )
+
+
+@pytest.mark.deploy
 def test_in_the_image_the_json_thread_runs_sched_idle_as_its_non_root_user(image: str):
     """The engine's default seccomp profile lets the image's user lower a thread to SCHED_IDLE
     (server/offload.py; where it did not, the thread would fall back to nice +10)."""

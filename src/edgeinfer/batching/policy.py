@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +105,7 @@ class Pending:
     priority: int = HIGHEST_PRIORITY
     deadline: float | None = None
     sequence: int = 0
-    payload: object = field(default=None, repr=False)
+    payload: Any = field(default=None, repr=False)
     due: float | None = None  # when its SLO wants it answered (adaptive batching aims for it)
     stream: str | None = None  # a newer request of this stream replaces it while queued (drop_stale)
 

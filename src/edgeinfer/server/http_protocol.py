@@ -149,7 +149,9 @@ def encode_response(response: HttpResponse, keep_alive: bool) -> bytes:
 
 def _split_url(url: bytes) -> tuple[str, bytes]:
     """(path, query) of a request target."""
-    parsed = httptools.parse_url(url) if url else None
+    # Any: its query is None when the target has none, where httptools' stubs say bytes (and compiled
+    # code checks the types it is told)
+    parsed: Any = httptools.parse_url(url) if url else None
     if parsed is None:
         return "/", b""
     return parsed.path.decode("utf-8", "replace"), parsed.query or b""
