@@ -123,6 +123,14 @@ def container(image: str) -> Iterator[dict[str, Any]]:
         subprocess.run(["podman", "rm", "--force", name], capture_output=True, check=False)
 
 
+def python_in(image: str, code: str) -> subprocess.CompletedProcess[str]:
+    """``python3 -c code`` in a new container of the image, as its user."""
+    return subprocess.run(
+        ["podman", "run", "--rm", *_engine_flags(), "--entrypoint", "python3", image, "-c", code],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
 @pytest.mark.deploy
 def test_image_is_small_and_runs_as_a_fixed_non_root_user(image: str):
     inspect = subprocess.run(["podman", "image", "inspect", image], capture_output=True, check=True)
@@ -136,11 +144,7 @@ def test_image_is_small_and_runs_as_a_fixed_non_root_user(image: str):
     assert set(config["ExposedPorts"]) == {"8080/tcp", "8081/tcp", "8082/tcp"}
     # the final image has neither a compiler nor pip nor a shell
     for program in ("gcc", "cc", "pip", "sh"):
-        found = subprocess.run(
-            ["podman", "run", "--rm", *_engine_flags(), "--entrypoint", "python3", image, "-c",
-             f"import shutil, sys; sys.exit(shutil.which({program!r}) is not None)"],
-            capture_output=True, check=False,
-        )  # fmt: skip
+        found = python_in(image, f"import shutil, sys; sys.exit(shutil.which({program!r}) is not None)")
         assert found.returncode == 0, f"{program} is in the image"
 
 
@@ -148,21 +152,14 @@ def test_image_is_small_and_runs_as_a_fixed_non_root_user(image: str):
 def test_the_image_decodes_large_json_bodies_without_the_gil(image: str):
     """The build stage has a C compiler, so the wheel carries protocol/_jsonscan.c built (setup.py)."""
     check = "import sys; from edgeinfer.protocol import json_scan; sys.exit(not json_scan.available())"
-    found = subprocess.run(
-        ["podman", "run", "--rm", *_engine_flags(), "--entrypoint", "python3", image, "-c", check],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    found = python_in(image, check)
     assert found.returncode == 0, found.stderr
 
 
 @pytest.mark.deploy
 def test_in_the_image_the_request_path_runs_compiled(image: str):
     """The wheel's build compiles the request path with mypyc (setup.py): the image runs it."""
-    check = "from edgeinfer import native; print(' '.join(native.compiled()))"
-    found = subprocess.run(
-        ["podman", "run", "--rm", *_engine_flags(), "--entrypoint", "python3", image, "-c", check],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    found = python_in(image, "from edgeinfer import native; print(' '.join(native.compiled()))")
     assert found.returncode == 0, found.stderr
     assert {"edgeinfer.service", "edgeinfer.server.http_protocol", "edgeinfer.batching.batcher"} <= set(
         found.stdout.split()
@@ -177,10 +174,7 @@ def test_in_the_image_the_json_thread_runs_sched_idle_as_its_non_root_user(image
         "import asyncio, os; from edgeinfer.server.offload import OffloadThread; "
         "print(os.getuid(), asyncio.run(OffloadThread('json').run(lambda: os.sched_getscheduler(0))))"
     )
-    found = subprocess.run(
-        ["podman", "run", "--rm", *_engine_flags(), "--entrypoint", "python3", image, "-c", check],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    found = python_in(image, check)
     assert found.returncode == 0, found.stderr
     assert found.stdout.split() == ["65532", str(os.SCHED_IDLE)], found.stderr
 
