@@ -16,8 +16,11 @@ UV_VERSION := 0.13.9
 # --reinstall-package: uv would otherwise keep the installed build when only a source changed, and the
 # compiled modules would be the old code (setup.py; edgeinfer/native.py)
 INSTALL = $(BIN)/uv pip install --quiet --system-certs --python $(BIN)/python --reinstall-package edgeinfer
-# The modules setup.py compiles (mypyc): a change to one means building again.
+# The modules setup.py compiles (mypyc): a change to one means building again. Every build starts from
+# none compiled: a module dropped from the list would otherwise keep its old compiled one, which Python
+# imports first.
 COMPILED_SOURCES := $(shell sed -n 's|^    "\(edgeinfer/.*\.py\)",$$|src/\1|p' setup.py)
+REMOVE_COMPILED = find src -name '*.cpython-*.so' ! -name '_jsonscan.*' -delete
 # Bytecode compiled ahead: where PYTHONDONTWRITEBYTECODE=1 (this project's machines, containers) Python
 # would otherwise compile every module again at every start: 0.25 s of a 0.75 s start-up with gRPC
 # (docs/deployment.md). The dev environment starts servers by the hundred (tests, benchmarks): all of it;
@@ -29,16 +32,16 @@ $(BIN)/uv:
 	$(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
 
 $(STAMP): pyproject.toml setup.py src/edgeinfer/protocol/_jsonscan.c $(COMPILED_SOURCES) | $(BIN)/uv
+	$(REMOVE_COMPILED)
 	$(INSTALL) --compile-bytecode -e '.[dev,bench]'
 	$(COMPILE)
 	touch $(STAMP) $(SERVE_STAMP)
 
 # serving needs only the package and Pillow (the image pipeline example): a first answer sooner. The
 # request path is not compiled for it (46 s on 2 cores: it runs as Python, about a third slower per
-# request; `make install` compiles it); what an earlier build compiled is removed, not left to shadow
-# its source.
+# request; `make install` compiles it).
 $(SERVE_STAMP): pyproject.toml setup.py src/edgeinfer/protocol/_jsonscan.c | $(BIN)/uv
-	rm -f $(patsubst %.py,%.cpython-*.so,$(COMPILED_SOURCES)) src/edgeinfer__mypyc.*.so
+	$(REMOVE_COMPILED)
 	EDGEINFER_COMPILE=0 $(INSTALL) -e '.[examples]'
 	$(COMPILE)
 	touch $(SERVE_STAMP)
