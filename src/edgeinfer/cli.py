@@ -190,14 +190,22 @@ def _workers(value: str | None) -> int | str | None:
     return int(value) if value is not None and value.lstrip("-").isdigit() else value
 
 
-def _warn_if_stale() -> None:
-    """A source checkout whose compiled modules are older than their sources runs the old code
-    (``native.py``): say so before serving it."""
+def _report_compiled() -> None:
+    """Say whether the request path runs compiled (setup.py, ``native.py``): built without a C compiler
+    or Python's headers it runs as Python, about a third slower per small request, and nothing else
+    would tell. Warn when a checkout's compiled modules are older than their sources (they run the old
+    code)."""
     from edgeinfer import native
 
+    log = logging.getLogger("edgeinfer")
+    compiled = native.compiled()
+    if compiled:
+        log.info("request path compiled (%d modules)", len(compiled))
+    else:
+        log.info("request path runs as Python: not compiled when installed (docs/deployment.md)")
     stale = native.stale()
     if stale:
-        logging.getLogger("edgeinfer").warning(
+        log.warning(
             "compiled modules older than their sources, running the old code: %s (rebuild them: make "
             "install, or build with EDGEINFER_COMPILE=0 to run the sources)",
             ", ".join(stale),
@@ -229,7 +237,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, overrides)
         setup_logging(config.logging.level, config.logging.format)
-        _warn_if_stale()
+        _report_compiled()
         server = Server(config)
         server.run()
     except (ConfigError, ModelLoadError) as error:

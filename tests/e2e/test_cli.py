@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from edgeinfer import native
 from tests.support import (
     ROOT,
     ServerProcess,
@@ -155,6 +156,20 @@ def test_sigterm_stops_cleanly(tmp_path):
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(timeout=15) == 0
     assert "shutting down" in server.log()
+
+
+def test_the_log_says_whether_the_request_path_runs_compiled(tmp_path):
+    """Built without a compiler or Python's headers the request path runs as Python (setup.py), slower,
+    and only the log says so."""
+    matmul_model(tmp_path / "repo" / "m" / "1" / "model.onnx")
+    server = ServerProcess(["--model-repository", str(tmp_path / "repo")]).start(tmp_path / "log")
+    try:
+        compiled = native.compiled()
+        expected = f"request path compiled ({len(compiled)} modules)" if compiled else "runs as Python"
+        assert expected in server.log()
+        assert "older than their sources" not in server.log()
+    finally:
+        server.stop()
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
