@@ -1,5 +1,6 @@
-"""The parts of edgeinfer built to native code. Both are optional: where no C compiler is found the build
-goes on without them and the same code runs as Python. Everything else is in pyproject.toml.
+"""The parts of edgeinfer built to native code. Both are optional: where no C compiler is found (for the
+request path, or no Python headers) the build goes on without them and the same code runs as Python.
+Everything else is in pyproject.toml.
 
 * protocol/_jsonscan.c parses the numbers of large JSON bodies without the GIL (protocol/json_scan.py);
   without it, JSON bodies are decoded on the event loop as before.
