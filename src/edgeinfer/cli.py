@@ -198,12 +198,11 @@ def _report_compiled() -> None:
     from edgeinfer import native
 
     log = logging.getLogger("edgeinfer")
-    compiled = native.compiled()
+    compiled, stale = native.survey()
     if compiled:
         log.info("request path compiled (%d modules)", len(compiled))
     else:
         log.info("request path runs as Python: not compiled when installed (docs/deployment.md)")
-    stale = native.stale()
     if stale:
         log.warning(
             "compiled modules older than their sources, running the old code: %s (rebuild them: make "

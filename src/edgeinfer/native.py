@@ -31,18 +31,25 @@ def _pairs(root: Path) -> list[tuple[Path, Path]]:
     return sorted(pairs)
 
 
+def survey(root: Path = PACKAGE) -> tuple[list[str], list[str]]:
+    """(the modules that run compiled, those of them whose source changed after they were built), as
+    dotted names (``edgeinfer.service``), from one walk of the package."""
+    pairs = _pairs(root)
+    compiled = [_dotted(root, source) for source, _ in pairs]
+    stale = [
+        _dotted(root, source) for source, module in pairs if source.stat().st_mtime > module.stat().st_mtime
+    ]
+    return compiled, stale
+
+
 def compiled(root: Path = PACKAGE) -> list[str]:
-    """The modules that run compiled, as dotted names (``edgeinfer.service``)."""
-    return [_dotted(root, source) for source, _ in _pairs(root)]
+    """The modules that run compiled, as dotted names."""
+    return survey(root)[0]
 
 
 def stale(root: Path = PACKAGE) -> list[str]:
     """The compiled modules whose source changed after they were built, as dotted names."""
-    return [
-        _dotted(root, source)
-        for source, module in _pairs(root)
-        if source.stat().st_mtime > module.stat().st_mtime
-    ]
+    return survey(root)[1]
 
 
 def _dotted(root: Path, source: Path) -> str:

@@ -302,14 +302,8 @@ class Batcher:
         if trace is not None:
             trace.queue_s, trace.batch_rows = 0.0, rows
         future: asyncio.Future[Tensors] = self._loop.create_future()
-        self._running += 1
-        self._running_rows += rows
-        try:
-            done = self.runner.run([work])
-        except Exception as error:  # it ran inline and failed
-            self._answer_alone(future, error, rows, now, trace, due)
-            return future
-        if isinstance(done, BatchResult):
+        done = self._hand_over([work], rows)
+        if not isinstance(done, asyncio.Future):  # ran inline: its result or its error
             self._answer_alone(future, done, rows, now, trace, due)
             return future
         self._outstanding += 1  # in a thread: answered as a batch when it finishes
@@ -345,11 +339,12 @@ class Batcher:
             self._spans.batch_done(started, [trace], rows, times, error)
         if trace is not None and times is not None and times.infer_ns:
             trace.compute_s = times.infer_ns / 1e9
-        succeeded = not isinstance(outputs, BaseException)
         if isinstance(outputs, BaseException):
             future.set_exception(self._as_error(outputs))
+            succeeded = False
         else:
             future.set_result(outputs)
+            succeeded = True
         answered = time.monotonic()
         self.recorder.ran_alone(rows, times, succeeded, answered - started)
         if succeeded and due is not None and self._margin is not None:
@@ -574,9 +569,6 @@ class Batcher:
         lag = self._lag
         if lag is not None and lag.lag_s and rows < policy.max_batch_size:
             return False  # the loop is behind: requests it reads in this iteration merge (lag.py)
-        cost = self.runner.cost
-        if cost.observed and not merging_pays(cost.per_row_s, cost.per_batch_s):
-            return True  # what ``runs_alone`` answers then, without building ``Measured`` for it
         return runs_alone(rows, due, policy, now, self.measured())
 
     def _flush(self) -> None:
@@ -706,17 +698,23 @@ class Batcher:
 
     def _run(self, jobs: list[_Job], rows: int, now: float) -> None:
         """Hand the batch to the runner; it is answered now if it ran inline, else when it finishes."""
+        done = self._hand_over([jobs[0].work] if len(jobs) == 1 else [job.work for job in jobs], rows)
+        if isinstance(done, asyncio.Future):
+            done.add_done_callback(partial(self._finish, jobs, rows, now))
+        else:  # ran inline: answer now; the caller's scheduling loop goes on
+            self._complete(jobs, rows, now, done, inline=True)
+
+    def _hand_over(
+        self, works: list[Work], rows: int
+    ) -> asyncio.Future[BatchResult] | BatchResult | BaseException:
+        """Count a batch as running and give it to the runner: a future of its results, or, if the
+        runner ran it inline, its results or its error."""
         self._running += 1
         self._running_rows += rows
         try:
-            done = self.runner.run([jobs[0].work] if len(jobs) == 1 else [job.work for job in jobs])
+            return self.runner.run(works)
         except Exception as error:  # it ran inline and failed
-            self._complete(jobs, rows, now, error, inline=True)
-            return
-        if isinstance(done, BatchResult):  # ran inline: answer now; the caller's scheduling loop goes on
-            self._complete(jobs, rows, now, done, inline=True)
-        else:
-            done.add_done_callback(partial(self._finish, jobs, rows, now))
+            return error
 
     def _finish(self, jobs: list[_Job], rows: int, started: float, done: asyncio.Future[BatchResult]) -> None:
         """Runner callback: deliver the batch's results, then see what can run next."""
