@@ -8,8 +8,11 @@ alternating; the bare FastAPI endpoint took 228-246 us; docs/batching.md). So wh
 records queues them here, and they are made together once the callbacks of this loop iteration have
 run: after the writes, and while the client reads its answer and sends its next request.
 
-Records made this way are there by the time the loop reads anything more: a client that gets its
-answer and then asks for the metrics or the statistics finds its request in them. A log file read
+A client that gets its answer and then asks for the metrics or the statistics must find its request
+in them, and the loop may read that question before the queued calls run: an answer written from a
+callback (a batch that ran in a worker thread) leaves its records for the next iteration, after the
+loop has polled its sockets again. So whoever reads the records first makes every queued call
+(``flush``). A log file read
 directly can lag its answer: the access log line is written just after it (over gRPC, whose answers
 leave from grpcio's own threads, a test once read the file before the line was there). Without a
 running loop (a synchronous caller, a unit test) the call is made at once.
@@ -23,6 +26,14 @@ from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+_waiting: list[Afterwards] = []  # those with calls queued, for ``flush``
+
+
+def flush() -> None:
+    """Make every queued call now, before reading what they record (the statistics, the metrics)."""
+    while _waiting:
+        _waiting[0].run_queued()
 
 
 class Afterwards:
@@ -42,11 +53,15 @@ class Afterwards:
             except RuntimeError:  # no loop: nothing is waiting to be written
                 function(*args)
                 return
-            loop.call_soon(self._run)
+            loop.call_soon(self.run_queued)
+            _waiting.append(self)
         calls.append((function, args))
 
-    def _run(self) -> None:
+    def run_queued(self) -> None:
         calls, self._calls = self._calls, []
+        if not calls:  # made already (``flush``)
+            return
+        _waiting.remove(self)
         for function, args in calls:
             try:
                 function(*args)

@@ -7,7 +7,6 @@ the access log read it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from edgeinfer.metrics import ModelMetrics
@@ -22,32 +21,58 @@ class RequestSpan(Protocol):
         ...
 
 
-@dataclass(slots=True)
 class RequestTrace:
     """Where one request's time went, filled in by the batcher (and a pipeline's steps: their seconds
-    by step name, lent to the pipeline with the request), for access logs and traces."""
+    by step name, lent to the pipeline with the request), for access logs and traces. (A plain class,
+    not a dataclass, like every object made per request: ``setup.py``.)"""
 
-    queue_s: float = 0.0
-    batch_rows: int = 0
-    compute_s: float = 0.0
-    steps: dict[str, float] = field(default_factory=dict)
-    span: RequestSpan | None = None
+    __slots__ = ("batch_rows", "compute_s", "queue_s", "span", "steps")
+
+    def __init__(self) -> None:
+        self.queue_s = 0.0
+        self.batch_rows = 0
+        self.compute_s = 0.0
+        self.steps: dict[str, float] = {}
+        self.span: RequestSpan | None = None
 
 
-@dataclass(slots=True)
 class Outcome:
     """One inference request as it went: protocol, model, timings, rows and the error if it failed."""
 
-    protocol: str
-    model: str
-    version: str | None
-    request_id: str = ""
-    started: float = field(default_factory=time.perf_counter)
-    ended: float = 0.0  # time.perf_counter() when it was answered or failed (0 until then)
-    received_at: float | None = None  # time.monotonic() when the transport began receiving it
-    error: BaseException | None = None
-    decode_s: float | None = None
-    encode_s: float | None = None
-    rows: int = 0
-    trace: RequestTrace = field(default_factory=RequestTrace)
-    metrics: ModelMetrics | None = None  # known once the request reached its model version
+    __slots__ = (
+        "decode_s",
+        "encode_s",
+        "ended",
+        "error",
+        "metrics",
+        "model",
+        "protocol",
+        "received_at",
+        "request_id",
+        "rows",
+        "started",
+        "trace",
+        "version",
+    )
+
+    def __init__(
+        self,
+        protocol: str,
+        model: str,
+        version: str | None,
+        request_id: str = "",
+        received_at: float | None = None,  # time.monotonic() when the transport began receiving it
+    ) -> None:
+        self.protocol = protocol
+        self.model = model
+        self.version = version
+        self.request_id = request_id
+        self.started = time.perf_counter()
+        self.ended = 0.0  # time.perf_counter() when it was answered or failed (0 until then)
+        self.received_at = received_at
+        self.error: BaseException | None = None
+        self.decode_s: float | None = None
+        self.encode_s: float | None = None
+        self.rows = 0
+        self.trace = RequestTrace()
+        self.metrics: ModelMetrics | None = None  # known once the request reached its model version

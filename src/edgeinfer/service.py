@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import yaml
 
-from edgeinfer import __version__
+from edgeinfer import __version__, afterwards
 from edgeinfer.afterwards import Afterwards
 from edgeinfer.config import Config, RouteVariant, ShadowConfig, parse
 from edgeinfer.dashboard import RECENT_ERRORS, Window, overview
@@ -403,6 +403,7 @@ class InferenceService:
         await self.registry.unload(name)
 
     def local_statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
+        afterwards.flush()  # every request answered so far is counted
         if name is None:
             entries = self.registry.index()
         elif version is None:
@@ -424,6 +425,7 @@ class InferenceService:
         }
 
     def local_metrics(self) -> Snapshot:
+        afterwards.flush()
         return self.metrics.snapshot(
             self.registry.gauges(), self.router.ladder_gauges(), self.registry.loop_lag_s
         )

@@ -17,13 +17,15 @@ from edgeinfer.protocol.datatypes import v2_datatype
 from edgeinfer.protocol.types import InferRequest, TensorSpec
 
 
-@dataclass(slots=True)
 class Checked:
     """What the batcher needs to know about a valid request."""
 
-    rows: int
-    group: Hashable
-    output_names: frozenset[str] | None
+    __slots__ = ("group", "output_names", "rows")
+
+    def __init__(self, rows: int, group: Hashable, output_names: frozenset[str] | None) -> None:
+        self.rows = rows
+        self.group = group
+        self.output_names = output_names
 
 
 _OBJECT = np.dtype(object)  # BYTES tensors' dtype (numpy keeps one instance of it)

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from edgeinfer import afterwards
 from edgeinfer.afterwards import Afterwards
 
 
@@ -84,3 +85,25 @@ def test_a_failing_call_is_logged_and_the_others_are_still_made(caplog: pytest.L
         assert asyncio.run(main()) == [1, 2]
     assert "bookkeeping after an answer failed" in caplog.text
     assert "bad record" in caplog.text
+
+
+def test_flush_makes_every_queued_call_before_a_reader_reads_and_each_only_once():
+    """An answer written from a callback (a batch back from a worker thread) queues its records for
+    the next iteration, and the loop may read the client's next question, for the statistics, before
+    that: whoever reads the records flushes them first."""
+
+    async def main() -> tuple[list[str], list[str]]:
+        service, recorder = Afterwards(), Afterwards()  # the service's and a model's, say
+        made: list[str] = []
+        service.call(made.append, "request counted")
+        recorder.call(made.append, "batch counted")
+        service.call(made.append, "access log line")
+        afterwards.flush()  # the statistics handler, in the same iteration
+        seen_by_reader = list(made)
+        await asyncio.sleep(0)  # the scheduled runs come: nothing is made twice
+        await asyncio.sleep(0)
+        return seen_by_reader, made
+
+    seen, made = asyncio.run(main())
+    assert seen == ["request counted", "access log line", "batch counted"]
+    assert made == seen

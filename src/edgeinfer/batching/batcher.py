@@ -62,12 +62,20 @@ class BatchSpans(Protocol):
         ...
 
 
-@dataclass(slots=True, eq=False)
 class _Job:
-    work: Work
-    future: asyncio.Future[Tensors]
-    trace: RequestTrace | None
-    on_done: Callable[[], None] | None = None  # ``submit``'s
+    __slots__ = ("future", "on_done", "trace", "work")
+
+    def __init__(
+        self,
+        work: Work,
+        future: asyncio.Future[Tensors],
+        trace: RequestTrace | None,
+        on_done: Callable[[], None] | None = None,  # ``submit``'s
+    ) -> None:
+        self.work = work
+        self.future = future
+        self.trace = trace
+        self.on_done = on_done
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ arrivals) decides:
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -95,19 +95,49 @@ MERGE_TRIAL_ROWS = 4
 HIGHEST_PRIORITY = 1  # the lowest level number a request can have (0 asks for the model's default)
 
 
-@dataclass(slots=True, eq=False)
 class Pending:
-    """A queued request as the policy sees it. ``group`` is equal for requests that can be merged."""
+    """A queued request as the policy sees it. ``group`` is equal for requests that can be merged.
+    (A plain class, not a dataclass, like every object made per request: ``setup.py``.)"""
 
-    rows: int
-    group: Hashable
-    enqueued_at: float
-    priority: int = HIGHEST_PRIORITY
-    deadline: float | None = None
-    sequence: int = 0
-    payload: Any = field(default=None, repr=False)
-    due: float | None = None  # when its SLO wants it answered (adaptive batching aims for it)
-    stream: str | None = None  # a newer request of this stream replaces it while queued (drop_stale)
+    __slots__ = (
+        "deadline",
+        "due",
+        "enqueued_at",
+        "group",
+        "payload",
+        "priority",
+        "rows",
+        "sequence",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        rows: int,
+        group: Hashable,
+        enqueued_at: float,
+        priority: int = HIGHEST_PRIORITY,
+        deadline: float | None = None,
+        sequence: int = 0,
+        payload: Any = None,
+        due: float | None = None,  # when its SLO wants it answered (adaptive batching aims for it)
+        stream: str | None = None,  # a newer request of this stream replaces it while queued (drop_stale)
+    ) -> None:
+        self.rows = rows
+        self.group = group
+        self.enqueued_at = enqueued_at
+        self.priority = priority
+        self.deadline = deadline
+        self.sequence = sequence
+        self.payload = payload
+        self.due = due
+        self.stream = stream
+
+    def __repr__(self) -> str:  # what a failing table test prints
+        return (
+            f"Pending(rows={self.rows}, group={self.group!r}, enqueued_at={self.enqueued_at}, "
+            f"priority={self.priority}, deadline={self.deadline}, sequence={self.sequence}, due={self.due})"
+        )
 
 
 @dataclass(slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -16,39 +16,80 @@ Tensors = dict[str, np.ndarray]
 Result = Tensors | BaseException
 
 
-@dataclass(slots=True, eq=False)
 class Work:
-    """One request as a runner sees it: validated inputs and what the request asked for."""
+    """One request as a runner sees it: validated inputs and what the request asked for. (A plain class,
+    not a dataclass, like every object made per request: ``setup.py``.)"""
 
-    inputs: Tensors
-    rows: int = 1
-    output_names: frozenset[str] | None = None
-    parameters: dict[str, Any] = field(default_factory=dict)
-    request_id: str | None = None
-    steps: dict[str, float] | None = None  # a pipeline puts each step's seconds here (the caller's trace)
-    span: object | None = None  # the request's trace span (tracing on): a pipeline's steps continue it
+    __slots__ = ("inputs", "output_names", "parameters", "request_id", "rows", "span", "steps")
+
+    def __init__(
+        self,
+        inputs: Tensors,
+        rows: int = 1,
+        output_names: frozenset[str] | None = None,
+        parameters: dict[str, Any] | None = None,
+        request_id: str | None = None,
+        steps: dict[str, float] | None = None,  # a pipeline puts each step's seconds here (the caller's)
+        span: object | None = None,  # the request's trace span (tracing on): a pipeline's steps continue it
+    ) -> None:
+        self.inputs = inputs
+        self.rows = rows
+        self.output_names = output_names
+        self.parameters: dict[str, Any] = {} if parameters is None else parameters
+        self.request_id = request_id
+        self.steps = steps
+        self.span = span
+
+    def __reduce__(self) -> tuple[type[Work], tuple[Any, ...]]:  # to a Python model's process (process.py)
+        return (
+            Work,
+            (
+                self.inputs,
+                self.rows,
+                self.output_names,
+                self.parameters,
+                self.request_id,
+                self.steps,
+                self.span,
+            ),
+        )
 
 
-@dataclass(slots=True)
 class BatchTimes:
     """Where one executed batch spent its time (Triton's compute_input / compute_infer / compute_output)."""
 
-    input_ns: int = 0
-    infer_ns: int = 0
-    output_ns: int = 0
-    handover_ns: int = 0  # from hand-over to a worker thread until the thread started it (not compute)
+    __slots__ = ("handover_ns", "infer_ns", "input_ns", "output_ns")
+
+    def __init__(
+        self, input_ns: int = 0, infer_ns: int = 0, output_ns: int = 0, handover_ns: int = 0
+    ) -> None:
+        self.input_ns = input_ns
+        self.infer_ns = infer_ns
+        self.output_ns = output_ns
+        self.handover_ns = handover_ns  # from hand-over to a worker thread until the thread started it
 
     @property
     def total_s(self) -> float:
         return (self.input_ns + self.infer_ns + self.output_ns) / 1e9
 
+    def __reduce__(self) -> tuple[type[BatchTimes], tuple[int, int, int, int]]:  # back from a process
+        return (BatchTimes, (self.input_ns, self.infer_ns, self.output_ns, self.handover_ns))
 
-@dataclass(slots=True)
+    def __repr__(self) -> str:
+        return (
+            f"BatchTimes(input_ns={self.input_ns}, infer_ns={self.infer_ns}, output_ns={self.output_ns}, "
+            f"handover_ns={self.handover_ns})"
+        )
+
+
 class BatchResult:
     """One result per request of the batch, in order, and the batch's timing."""
 
-    results: list[Result]
-    times: BatchTimes
+    __slots__ = ("results", "times")
+
+    def __init__(self, results: list[Result], times: BatchTimes) -> None:
+        self.results = results
+        self.times = times
 
 
 @dataclass(frozen=True, slots=True)

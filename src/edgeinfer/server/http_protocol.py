@@ -27,7 +27,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from http import HTTPStatus
 from typing import Any, TypeAlias, cast
@@ -55,26 +55,47 @@ class HttpLimits:
     max_connections: int = 1024
 
 
-@dataclass(slots=True)
 class HttpRequest:
-    method: str
-    path: str
-    query: bytes
-    headers: dict[bytes, bytes]  # lower-cased names; a repeated header keeps its last value
-    body: bytes
-    keep_alive: bool
-    received_at: float  # time.monotonic() when its first bytes arrived
+    """One request as read (a plain class, not a dataclass, like every object made per request:
+    ``setup.py``)."""
+
+    __slots__ = ("body", "headers", "keep_alive", "method", "path", "query", "received_at")
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        query: bytes,
+        headers: dict[bytes, bytes],  # lower-cased names; a repeated header keeps its last value
+        body: bytes,
+        keep_alive: bool,
+        received_at: float,  # time.monotonic() when its first bytes arrived
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+        self.received_at = received_at
 
 
-@dataclass(slots=True)
 class HttpResponse:
-    status: int
-    body: bytes
-    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    content_type: bytes = b"application/json"
+    __slots__ = ("body", "content_type", "headers", "status")
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]] | None = None,
+        content_type: bytes = b"application/json",
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.headers: list[tuple[bytes, bytes]] = [] if headers is None else headers
+        self.content_type = content_type
 
 
-@dataclass(slots=True)
 class Deferred:
     """An answer that is ``respond(future)`` once ``future`` is done, built in the future's own callback,
     or sooner through ``done_now``.
@@ -87,9 +108,17 @@ class Deferred:
     answered). ``respond`` is called for a cancelled ``future`` too (the client went away: nothing is
     written), returning None."""
 
-    future: asyncio.Future[Any]
-    respond: Callable[[asyncio.Future[Any]], HttpResponse | None]
-    done_now: DoneNow | None = None
+    __slots__ = ("done_now", "future", "respond")
+
+    def __init__(
+        self,
+        future: asyncio.Future[Any],
+        respond: Callable[[asyncio.Future[Any]], HttpResponse | None],
+        done_now: DoneNow | None = None,
+    ) -> None:
+        self.future = future
+        self.respond = respond
+        self.done_now = done_now
 
 
 class DoneNow:

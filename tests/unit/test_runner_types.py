@@ -1,0 +1,51 @@
+"""The objects a batch is made of travel to a Python model's process and back by pickle
+(``runners/process.py``): hand-written classes (``setup.py``: no dataclasses on the request path), so
+each field is checked here rather than left to a generated ``__reduce__``."""
+
+import pickle
+
+import numpy as np
+
+from edgeinfer.runners.base import BatchTimes, Work
+
+
+def test_work_survives_pickle_with_every_field():
+    work = Work(
+        {"x": np.arange(6, dtype=np.float32).reshape(2, 3)},
+        rows=2,
+        output_names=frozenset({"y"}),
+        parameters={"temperature": 0.5},
+        request_id="r-1",
+        steps={"detect": 0.01},
+        span=None,
+    )
+    back = pickle.loads(pickle.dumps(work, protocol=5))
+    assert type(back) is Work
+    np.testing.assert_array_equal(back.inputs["x"], work.inputs["x"])
+    assert (back.rows, back.output_names, back.parameters, back.request_id, back.steps, back.span) == (
+        2,
+        frozenset({"y"}),
+        {"temperature": 0.5},
+        "r-1",
+        {"detect": 0.01},
+        None,
+    )
+
+
+def test_work_defaults_give_each_request_its_own_parameters():
+    first, second = Work({}), Work({})
+    first.parameters["a"] = 1
+    assert second.parameters == {}
+    assert (first.rows, first.output_names, first.request_id, first.steps, first.span) == (
+        1,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+def test_batch_times_survive_pickle():
+    back = pickle.loads(pickle.dumps(BatchTimes(1, 2, 3, 4)))
+    assert (back.input_ns, back.infer_ns, back.output_ns, back.handover_ns) == (1, 2, 3, 4)
+    assert back.total_s == 6e-9
