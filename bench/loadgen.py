@@ -48,6 +48,7 @@ class StepResult:
     unanswered: int
     client_late_p99_s: float  # how late the client sent (its own CPU): above a few ms, it was the limit
     refused_after_send: np.ndarray  # the refusals' latency from when the client sent them, not when due
+    host_steal: float = float("nan")  # ``steal_share`` over the step: the hypervisor's, not ours
 
     @property
     def goodput(self) -> float:
@@ -60,6 +61,27 @@ class StepResult:
         """The refusals' latency from when they left the client: what the client's own lateness adds
         (``client_late_p99_s``, the client sharing the server's cores) is not in it."""
         return _quantile(self.refused_after_send, quantile)
+
+
+def cpu_times() -> list[int] | None:
+    """The machine's CPU time so far by kind (``/proc/stat``'s first line, in ticks), or None where
+    there is no such file."""
+    try:
+        with open("/proc/stat") as stat:
+            return [int(field) for field in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def steal_share(before: list[int] | None, after: list[int] | None) -> float:
+    """The share of the machine's CPU time between two ``cpu_times`` that the hypervisor gave to other
+    guests (steal, the 8th field): time neither the server nor the client had, however they were
+    written, so a step measured on a VM whose host was busy says so beside its latencies. NaN where it
+    is not counted."""
+    if before is None or after is None or len(before) < 8 or len(after) < 8:
+        return float("nan")
+    total = sum(after[:8]) - sum(before[:8])  # user nice system idle iowait irq softirq steal
+    return (after[7] - before[7]) / total if total > 0 else float("nan")
 
 
 def _quantile(values: np.ndarray, quantile: float) -> float:
@@ -242,7 +264,10 @@ def run_step(
     import uvloop
 
     gc.disable()
+    before = cpu_times()
     try:
-        return uvloop.run(_step(port, request, rate, seconds, seed, drain_s, warmup_s))
+        result = uvloop.run(_step(port, request, rate, seconds, seed, drain_s, warmup_s))
     finally:
         gc.enable()
+    result.host_steal = steal_share(before, cpu_times())
+    return result

@@ -29,6 +29,10 @@ p99: it shares the machine, and a stall of the whole VM delays it as much as the
 client, not the server: it is run again once, and the first is shown marked and left out of the
 targets. The second counts whatever it shows, so lateness the server causes is not excused twice.
 
+Each step also shows the host's steal (``loadgen.steal_share``): the share of the machine's CPU time
+the hypervisor gave to other guests meanwhile. It excuses nothing (the step counts as measured); it
+tells a reader comparing runs from two machines, or two hours, whether the host was busy.
+
 Prints the targets and a table, returns them for run.py's report, and draws p99 and throughput against
 offered load (PNG).
 """
@@ -76,6 +80,7 @@ class RampPoint:
     at_target: bool = False  # the SLO config's step at TARGET_SHARE x R*, after the ramp
     client_behind: bool = False  # the client fell behind by more than the SLO: repeated, not counted
     refused_after_send_p99_ms: float = float("nan")  # from when the client sent them (not when due)
+    host_steal_pct: float = float("nan")  # of the machine's CPU time, taken by the hypervisor (loadgen)
 
     def keeps_up(self) -> bool:
         return self.goodput >= KEEPS_UP * self.offered and self.errors == 0
@@ -293,12 +298,13 @@ def _step(
         client_late_p99_ms=round(result.client_late_p99_s * 1000, 2),
         not_sent=result.client_overflow,
         refused_after_send_p99_ms=round(result.refused_after_send_p(0.99) * 1000, 2),
+        host_steal_pct=round(result.host_steal * 100, 1),
     )
     print(
         f"  {name:16} offered {point.offered:8,.1f}/s  answered {point.goodput:8,.1f}/s  "
         f"p50 {point.p50_ms:9.2f}  p99 {point.p99_ms:9.2f} ms  refused {point.refused:5}  "
         f"errors {point.errors}  not sent {point.not_sent}  "
-        f"client late p99 {point.client_late_p99_ms:.2f} ms",
+        f"client late p99 {point.client_late_p99_ms:.2f} ms  host steal {point.host_steal_pct:g} %",
         flush=True,
     )
     return point
@@ -420,13 +426,13 @@ def config_label(point: RampPoint) -> str:
 def points_table(points: list[RampPoint]) -> str:
     lines = [
         "| model | config | offered/s | answered/s | p50 ms | p99 ms | refused | refusal p99 ms | errors "
-        "| not sent | client late p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| not sent | client late p99 ms | host steal % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines.extend(
         f"| {p.model} | {config_label(p)} | {p.offered:,.1f} | {p.goodput:,.1f} | {p.p50_ms:.2f} | "
         f"{p.p99_ms:.2f} | {p.refused} | {p.refused_p99_ms:.2f} | {p.errors} | {p.not_sent} | "
-        f"{p.client_late_p99_ms:.2f} |"
+        f"{p.client_late_p99_ms:.2f} | {p.host_steal_pct:g} |"
         for p in points
     )
     return "\n".join(lines)

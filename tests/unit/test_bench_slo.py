@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from bench import slo
 
 
@@ -30,3 +32,23 @@ def test_a_step_the_client_fell_behind_in_is_shown_and_not_counted():
     assert "| 0.90 (9.0 images/s; in-process 9.0 just before, 11.0 just after) |" in shown
     table = slo.points_table(points)
     assert table.count("slo (client behind, repeated)") == 2
+
+
+def test_host_steal_is_the_hypervisors_share_of_the_machines_cpu_time_over_the_step():
+    from bench import loadgen
+
+    #            user nice system idle iowait irq softirq steal guest guest_nice
+    before = [1000, 0, 200, 5000, 10, 0, 40, 100, 0, 0]
+    after = [1600, 0, 300, 5200, 10, 0, 40, 200, 0, 0]  # 1,000 ticks passed, 100 of them stolen
+    assert math.isclose(loadgen.steal_share(before, after), 0.1)
+    assert math.isnan(loadgen.steal_share(before, before))  # no time passed
+    assert math.isnan(loadgen.steal_share(None, after))  # no /proc/stat
+    assert math.isnan(loadgen.steal_share(before[:4], after[:4]))  # a kernel without the steal field
+    times = loadgen.cpu_times()
+    assert times is None or len(times) >= 8
+
+
+def test_the_points_table_shows_the_host_steal_of_each_step():
+    table = slo.points_table([step("tiny", "slo", 1000.0, 2.0, host_steal_pct=12.5)])
+    assert table.splitlines()[0].endswith("| host steal % |")
+    assert table.splitlines()[2].endswith("| 0.10 | 12.5 |")
