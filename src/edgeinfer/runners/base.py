@@ -40,7 +40,8 @@ class Work:
         self.steps = steps
         self.span = span
 
-    def __reduce__(self) -> tuple[type[Work], tuple[Any, ...]]:  # to a Python model's process (process.py)
+    # pickled to a Python model's process (process.py); compiled, the class has no pickling of its own
+    def __reduce__(self) -> tuple[type[Work], tuple[Any, ...]]:
         return (
             Work,
             (
@@ -72,14 +73,9 @@ class BatchTimes:
     def total_s(self) -> float:
         return (self.input_ns + self.infer_ns + self.output_ns) / 1e9
 
-    def __reduce__(self) -> tuple[type[BatchTimes], tuple[int, int, int, int]]:  # back from a process
+    # pickled back from a Python model's process, as ``Work`` is to it
+    def __reduce__(self) -> tuple[type[BatchTimes], tuple[int, int, int, int]]:
         return (BatchTimes, (self.input_ns, self.infer_ns, self.output_ns, self.handover_ns))
-
-    def __repr__(self) -> str:
-        return (
-            f"BatchTimes(input_ns={self.input_ns}, infer_ns={self.infer_ns}, output_ns={self.output_ns}, "
-            f"handover_ns={self.handover_ns})"
-        )
 
 
 class BatchResult:
