@@ -49,6 +49,8 @@ class StepResult:
     client_late_p99_s: float  # how late the client sent (its own CPU): above a few ms, it was the limit
     refused_after_send: np.ndarray  # the refusals' latency from when the client sent them, not when due
     host_steal: float = float("nan")  # ``steal_share`` over the step: the hypervisor's, not ours
+    host_busy: float = float("nan")  # ``busy_share`` over the step: the machine's cores in use
+    client_cores: float = float("nan")  # this client's own CPU time over the step, in cores
 
     @property
     def goodput(self) -> float:
@@ -82,6 +84,19 @@ def steal_share(before: list[int] | None, after: list[int] | None) -> float:
         return float("nan")
     total = sum(after[:8]) - sum(before[:8])  # user nice system idle iowait irq softirq steal
     return (after[7] - before[7]) / total if total > 0 else float("nan")
+
+
+def busy_share(before: list[int] | None, after: list[int] | None) -> float:
+    """The share of the machine's CPU time between two ``cpu_times`` that was spent on anything but
+    idling (idle and iowait, the 4th and 5th fields; steal counts as busy: the guest could not run).
+    Beside the client's own cores and the server's, it says whether a step found the machine full: on
+    a machine the client shares with the server, an overload is the whole machine's. NaN where it is
+    not counted."""
+    if before is None or after is None or len(before) < 8 or len(after) < 8:
+        return float("nan")
+    total = sum(after[:8]) - sum(before[:8])
+    idle = after[3] + after[4] - before[3] - before[4]
+    return 1.0 - idle / total if total > 0 else float("nan")
 
 
 def _quantile(values: np.ndarray, quantile: float) -> float:
@@ -264,10 +279,13 @@ def run_step(
     import uvloop
 
     gc.disable()
-    before = cpu_times()
+    before, own_before, started = cpu_times(), time.process_time(), time.perf_counter()
     try:
         result = uvloop.run(_step(port, request, rate, seconds, seed, drain_s, warmup_s))
     finally:
         gc.enable()
-    result.host_steal = steal_share(before, cpu_times())
+    after, own_after, wall = cpu_times(), time.process_time(), time.perf_counter() - started
+    result.host_steal = steal_share(before, after)
+    result.host_busy = busy_share(before, after)
+    result.client_cores = (own_after - own_before) / wall
     return result

@@ -31,7 +31,12 @@ targets. The second counts whatever it shows, so lateness the server causes is n
 
 Each step also shows the host's steal (``loadgen.steal_share``): the share of the machine's CPU time
 the hypervisor gave to other guests meanwhile. It excuses nothing (the step counts as measured); it
-tells a reader comparing runs from two machines, or two hours, whether the host was busy.
+tells a reader comparing runs from two machines, or two hours, whether the host was busy. And who used
+the cores: the server's CPU time and the load generator's, in cores, and the share of the machine's
+CPU time not idle (``loadgen.busy_share``). On a machine the client shares with the server, an overload
+step is the whole machine's: with `tiny` at twice what it sustains on two cores, the server used 0.95
+of a core, the load generator 0.99 and the machine was 97 % busy, so the event loop lost its core now
+and then to the client, and a request that arrived then waited for it to come back.
 
 Prints the targets and a table, returns them for run.py's report, and draws p99 and throughput against
 offered load (PNG).
@@ -81,6 +86,9 @@ class RampPoint:
     client_behind: bool = False  # the client fell behind by more than the SLO: repeated, not counted
     refused_after_send_p99_ms: float = float("nan")  # from when the client sent them (not when due)
     host_steal_pct: float = float("nan")  # of the machine's CPU time, taken by the hypervisor (loadgen)
+    host_busy_pct: float = float("nan")  # of the machine's CPU time, spent by anyone (loadgen)
+    server_cores: float = float("nan")  # the server's CPU time over the step, in cores
+    client_cores: float = float("nan")  # the load generator's, in cores
 
     def keeps_up(self) -> bool:
         return self.goodput >= KEEPS_UP * self.offered and self.errors == 0
@@ -248,6 +256,9 @@ def ramp(
                 "refused_p99_ms": point.refused_p99_ms,
                 "refused_after_send_p99_ms": point.refused_after_send_p99_ms,
                 "client_late_p99_ms": point.client_late_p99_ms,
+                "server_cores": point.server_cores,
+                "client_cores": point.client_cores,
+                "host_busy_pct": point.host_busy_pct,
                 "errors": point.errors,
                 "not_sent": point.not_sent,
                 "rss_before_mib": round(rss_before, 1),
@@ -284,7 +295,9 @@ def _step(
     server: run.Process, model: str, name: str, request: bytes, rate: float, seconds: float, slo_ms: float
 ) -> RampPoint:
     drain_s = min(10.0, max(2.0, 4 * slo_ms / 1000))
+    cpu_before, started = server.cpu_s(), time.perf_counter()
     result = loadgen.run_step(server.port, request, rate, seconds, drain_s=drain_s)
+    server_cores = (server.cpu_s() - cpu_before) / (time.perf_counter() - started)
     point = RampPoint(
         model=model,
         config="slo" if name.endswith("_slo") else name[len(model) + 1 :],
@@ -299,12 +312,17 @@ def _step(
         not_sent=result.client_overflow,
         refused_after_send_p99_ms=round(result.refused_after_send_p(0.99) * 1000, 2),
         host_steal_pct=round(result.host_steal * 100, 1),
+        host_busy_pct=round(result.host_busy * 100, 1),
+        server_cores=round(server_cores, 2),
+        client_cores=round(result.client_cores, 2),
     )
     print(
         f"  {name:16} offered {point.offered:8,.1f}/s  answered {point.goodput:8,.1f}/s  "
         f"p50 {point.p50_ms:9.2f}  p99 {point.p99_ms:9.2f} ms  refused {point.refused:5}  "
         f"errors {point.errors}  not sent {point.not_sent}  "
-        f"client late p99 {point.client_late_p99_ms:.2f} ms  host steal {point.host_steal_pct:g} %",
+        f"client late p99 {point.client_late_p99_ms:.2f} ms  host steal {point.host_steal_pct:g} %  "
+        f"cores: server {point.server_cores:.2f}, client {point.client_cores:.2f}, machine busy "
+        f"{point.host_busy_pct:g} %",
         flush=True,
     )
     return point
@@ -410,7 +428,9 @@ def targets_table(summary: dict) -> str:
                 f"<= {entry['slo_p99_ms']:g} ms; < 5 ms | {over['admitted_p99_ms']:.1f} ms; "
                 f"{over['refused_p99_ms']:.1f} ms ({over['refused']} refused; from the client's send "
                 f"{over['refused_after_send_p99_ms']:.1f} ms, the client itself late by "
-                f"{over['client_late_p99_ms']:.1f} ms; {over['errors']} errors, "
+                f"{over['client_late_p99_ms']:.1f} ms; cores: server {over['server_cores']:.2f}, "
+                f"client {over['client_cores']:.2f}, machine busy "
+                f"{over['host_busy_pct']:g} %; {over['errors']} errors, "
                 f"{over['not_sent']} not sent by the client, RSS "
                 f"{over['rss_before_mib']} -> {over['rss_after_mib']} MiB, answers after: "
                 f"{'yes' if over['answers_after'] else 'NO'}) |"
@@ -426,13 +446,14 @@ def config_label(point: RampPoint) -> str:
 def points_table(points: list[RampPoint]) -> str:
     lines = [
         "| model | config | offered/s | answered/s | p50 ms | p99 ms | refused | refusal p99 ms | errors "
-        "| not sent | client late p99 ms | host steal % |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| not sent | client late p99 ms | host steal % | server cores | client cores | machine busy % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines.extend(
         f"| {p.model} | {config_label(p)} | {p.offered:,.1f} | {p.goodput:,.1f} | {p.p50_ms:.2f} | "
         f"{p.p99_ms:.2f} | {p.refused} | {p.refused_p99_ms:.2f} | {p.errors} | {p.not_sent} | "
-        f"{p.client_late_p99_ms:.2f} | {p.host_steal_pct:g} |"
+        f"{p.client_late_p99_ms:.2f} | {p.host_steal_pct:g} | {p.server_cores:.2f} | {p.client_cores:.2f} | "
+        f"{p.host_busy_pct:g} |"
         for p in points
     )
     return "\n".join(lines)

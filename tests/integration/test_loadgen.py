@@ -4,6 +4,8 @@ it counts, and the refusals' latency from when each was due and from when it was
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -78,3 +80,7 @@ def test_refusals_are_timed_from_when_they_were_due_and_from_when_they_were_sent
     assert result.refused_after_send_p(0.5) == pytest.approx(
         float(np.median(result.refused_after_send)), rel=1e-9
     )
+    # the machine's and the client's CPU over the step: the client ran (it sent 240 requests in
+    # 1.2 s), and could not have used more than every core
+    assert 0.0 < result.client_cores <= os.cpu_count()  # type: ignore[operator]
+    assert math.isnan(result.host_busy) or 0.0 < result.host_busy <= 1.0

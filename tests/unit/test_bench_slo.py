@@ -48,7 +48,64 @@ def test_host_steal_is_the_hypervisors_share_of_the_machines_cpu_time_over_the_s
     assert times is None or len(times) >= 8
 
 
-def test_the_points_table_shows_the_host_steal_of_each_step():
-    table = slo.points_table([step("tiny", "slo", 1000.0, 2.0, host_steal_pct=12.5)])
-    assert table.splitlines()[0].endswith("| host steal % |")
-    assert table.splitlines()[2].endswith("| 0.10 | 12.5 |")
+def test_machine_busy_is_the_share_of_the_machines_cpu_time_not_idle_over_the_step():
+    from bench import loadgen
+
+    #            user nice system idle iowait irq softirq steal guest guest_nice
+    before = [1000, 0, 200, 5000, 10, 0, 40, 100, 0, 0]
+    after = [1600, 0, 300, 5150, 60, 0, 40, 200, 0, 0]  # 1,000 ticks passed, 200 idle (150 + 50 iowait)
+    assert math.isclose(loadgen.busy_share(before, after), 0.8)
+    assert math.isnan(loadgen.busy_share(before, before))  # no time passed
+    assert math.isnan(loadgen.busy_share(None, after))  # no /proc/stat
+    assert math.isnan(loadgen.busy_share(before[:4], after[:4]))  # a kernel without all the fields
+
+
+def test_the_points_table_shows_the_host_steal_and_who_used_the_cores_in_each_step():
+    table = slo.points_table(
+        [
+            step(
+                "tiny",
+                "slo",
+                1000.0,
+                2.0,
+                host_steal_pct=12.5,
+                server_cores=0.95,
+                client_cores=0.99,
+                host_busy_pct=97.0,
+            )
+        ]
+    )
+    assert table.splitlines()[0].endswith("| host steal % | server cores | client cores | machine busy % |")
+    assert table.splitlines()[2].endswith("| 0.10 | 12.5 | 0.95 | 0.99 | 97 |")
+
+
+def test_the_overload_target_says_who_used_the_cores():
+    points = [step(model, config, 1000.0, 1.0) for model in slo.MODELS for config in ("slo", "b8_w0")]
+    found = {"tiny": {"slo_ms": 4.0}, "cnn": {"slo_ms": 300.0}}
+    light = {
+        "tiny_c1": [{"ratio": 0.5}],
+        "cnn_c8_images_per_s": 9.0,
+        "cnn_inprocess_images_per_s": 10.0,
+        "cnn_inprocess_before_after": [9.0, 11.0],
+    }
+    overload = {
+        "tiny": {
+            "offered": 2000.0,
+            "goodput": 900.0,
+            "admitted_p99_ms": 3.9,
+            "refused": 3300,
+            "refused_p99_ms": 10.3,
+            "refused_after_send_p99_ms": 10.1,
+            "client_late_p99_ms": 0.3,
+            "server_cores": 0.95,
+            "client_cores": 0.99,
+            "host_busy_pct": 97.0,
+            "errors": 0,
+            "not_sent": 651,
+            "rss_before_mib": 80.0,
+            "rss_after_mib": 81.0,
+            "answers_after": True,
+        }
+    }
+    shown = slo.targets_table(slo.targets(points, found, light, overload))
+    assert "the client itself late by 0.3 ms; cores: server 0.95, client 0.99, machine busy 97 %;" in shown
