@@ -1,10 +1,19 @@
-"""bench/slo.py's targets: a step in which the load generator fell behind is shown but not counted."""
+"""bench/slo.py's targets and tables: a step in which the load generator fell behind is shown but not
+counted; each step says what the hypervisor took and who used the cores."""
 
 from __future__ import annotations
 
 import math
 
 from bench import slo
+
+FOUND = {"tiny": {"slo_ms": 4.0}, "cnn": {"slo_ms": 300.0}}
+LIGHT = {  # the light-load part of a run: tiny at concurrency 1, cnn at 8 against in-process
+    "tiny_c1": [{"ratio": 0.5}],
+    "cnn_c8_images_per_s": 9.0,
+    "cnn_inprocess_images_per_s": 10.0,
+    "cnn_inprocess_before_after": [9.0, 11.0],
+}
 
 
 def step(model: str, config: str, offered: float, p99_ms: float, **extra: object) -> slo.RampPoint:
@@ -18,14 +27,7 @@ def test_a_step_the_client_fell_behind_in_is_shown_and_not_counted():
             points += [step(model, config, 1000.0, slo_ms / 2), step(model, config, 2000.0, slo_ms / 2)]
         # a stall at 1,000/s: 30 ms late, refused or slow; the step again kept the SLO
         points.insert(0, step(model, "slo", 1000.0, 80.0 * slo_ms, client_behind=True))
-    found = {"tiny": {"slo_ms": 4.0}, "cnn": {"slo_ms": 300.0}}
-    light = {
-        "tiny_c1": [{"ratio": 0.5}],
-        "cnn_c8_images_per_s": 9.0,
-        "cnn_inprocess_images_per_s": 10.0,
-        "cnn_inprocess_before_after": [9.0, 11.0],
-    }
-    summary = slo.targets(points, found, light, {})
+    summary = slo.targets(points, FOUND, LIGHT, {})
     assert summary["tiny"]["slo_holds_up_to_share_of_sustainable"] == 1.0
     assert summary["cnn"]["configs"]["slo"]["holds_slo_up_to"] == 2000.0
     shown = slo.targets_table(summary)  # the ratio against the mean of the in-process runs beside it
@@ -81,13 +83,6 @@ def test_the_points_table_shows_the_host_steal_and_who_used_the_cores_in_each_st
 
 def test_the_overload_target_says_who_used_the_cores():
     points = [step(model, config, 1000.0, 1.0) for model in slo.MODELS for config in ("slo", "b8_w0")]
-    found = {"tiny": {"slo_ms": 4.0}, "cnn": {"slo_ms": 300.0}}
-    light = {
-        "tiny_c1": [{"ratio": 0.5}],
-        "cnn_c8_images_per_s": 9.0,
-        "cnn_inprocess_images_per_s": 10.0,
-        "cnn_inprocess_before_after": [9.0, 11.0],
-    }
     overload = {
         "tiny": {
             "offered": 2000.0,
@@ -107,5 +102,5 @@ def test_the_overload_target_says_who_used_the_cores():
             "answers_after": True,
         }
     }
-    shown = slo.targets_table(slo.targets(points, found, light, overload))
+    shown = slo.targets_table(slo.targets(points, FOUND, LIGHT, overload))
     assert "the client itself late by 0.3 ms; cores: server 0.95, client 0.99, machine busy 97 %;" in shown
