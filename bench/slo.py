@@ -33,7 +33,8 @@ Each step also shows the host's steal (``loadgen.steal_share``): the share of th
 the hypervisor gave to other guests meanwhile. It excuses nothing (the step counts as measured); it
 tells a reader comparing runs from two machines, or two hours, whether the host was busy. And who used
 the cores: the server's CPU time and the load generator's, in cores, and the share of the machine's
-CPU time not idle (``loadgen.busy_share``). On a machine the client shares with the server, an overload
+CPU time not idle (``loadgen.busy_share``), each over the whole step, its warmup and the wait for the
+last answers included. On a machine the client shares with the server, an overload
 step is the whole machine's: with `tiny` at twice what it sustains on two cores, the server used 0.95
 of a core, the load generator 0.99 and the machine was 97 % busy, so the event loop lost its core now
 and then to the client, and a request that arrived then waited for it to come back.
