@@ -75,15 +75,22 @@ def cpu_times() -> list[int] | None:
         return None
 
 
+def _ticks(before: list[int] | None, after: list[int] | None) -> list[int] | None:
+    """The ticks of each kind between two ``cpu_times`` (user nice system idle iowait irq softirq
+    steal), or None where they are not counted or no time passed."""
+    if before is None or after is None or len(before) < 8 or len(after) < 8:
+        return None
+    ticks = [now - then for now, then in zip(after[:8], before[:8], strict=True)]
+    return ticks if sum(ticks) > 0 else None
+
+
 def steal_share(before: list[int] | None, after: list[int] | None) -> float:
     """The share of the machine's CPU time between two ``cpu_times`` that the hypervisor gave to other
     guests (steal, the 8th field): time neither the server nor the client had, however they were
     written, so a step measured on a VM whose host was busy says so beside its latencies. NaN where it
     is not counted."""
-    if before is None or after is None or len(before) < 8 or len(after) < 8:
-        return float("nan")
-    total = sum(after[:8]) - sum(before[:8])  # user nice system idle iowait irq softirq steal
-    return (after[7] - before[7]) / total if total > 0 else float("nan")
+    ticks = _ticks(before, after)
+    return float("nan") if ticks is None else ticks[7] / sum(ticks)
 
 
 def busy_share(before: list[int] | None, after: list[int] | None) -> float:
@@ -92,11 +99,8 @@ def busy_share(before: list[int] | None, after: list[int] | None) -> float:
     Beside the client's own cores and the server's, it says whether a step found the machine full: on
     a machine the client shares with the server, an overload is the whole machine's. NaN where it is
     not counted."""
-    if before is None or after is None or len(before) < 8 or len(after) < 8:
-        return float("nan")
-    total = sum(after[:8]) - sum(before[:8])
-    idle = after[3] + after[4] - before[3] - before[4]
-    return 1.0 - idle / total if total > 0 else float("nan")
+    ticks = _ticks(before, after)
+    return float("nan") if ticks is None else 1.0 - (ticks[3] + ticks[4]) / sum(ticks)
 
 
 def _quantile(values: np.ndarray, quantile: float) -> float:
