@@ -17,6 +17,13 @@ Everything else is in pyproject.toml.
   compiled, the same in-process requests (client and server together, ``valgrind --tool=callgrind``,
   300 requests, five runs each) took 142.7-144.5 million instructions instead of 155.6-158.2: 8 % less.
   Configuration and policy objects made once (``HttpLimits``, ``BatchPolicy``) stay dataclasses.
+
+  The records every request and batch leave (``metrics.py``'s counters and histograms, ``batching/
+  stats.py``'s statistics) are compiled too. They took 1.44 us per request and 1.22-1.28 us per batch
+  as Python, and 0.72-0.75 us and 0.34 us compiled. That was measured with ``timeit`` through
+  ``BatchRecorder``, two rounds alternating. It is about 1 % of what `tiny` costs the loop per request
+  near saturation. ``server/idle_poll.py`` is not: its tests subclass ``IdlePoll`` to count its turns,
+  and an interpreted class cannot subclass a compiled one.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ COMPILED = [
     "edgeinfer/batching/margin.py",
     "edgeinfer/batching/policy.py",
     "edgeinfer/batching/recorder.py",
+    "edgeinfer/batching/stats.py",
+    "edgeinfer/metrics.py",
     "edgeinfer/outcome.py",
     "edgeinfer/protocol/datatypes.py",
     "edgeinfer/protocol/http_binary.py",
