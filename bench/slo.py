@@ -322,11 +322,15 @@ def _step(
         f"p50 {point.p50_ms:9.2f}  p99 {point.p99_ms:9.2f} ms  refused {point.refused:5}  "
         f"errors {point.errors}  not sent {point.not_sent}  "
         f"client late p99 {point.client_late_p99_ms:.2f} ms  host steal {point.host_steal_pct:g} %  "
-        f"cores: server {point.server_cores:.2f}, client {point.client_cores:.2f}, machine busy "
-        f"{point.host_busy_pct:g} %",
+        f"{cores_text(point.server_cores, point.client_cores, point.host_busy_pct)}",
         flush=True,
     )
     return point
+
+
+def cores_text(server_cores: float, client_cores: float, busy_pct: float) -> str:
+    """Who used the cores over a step, as the step's line and the overload target say it."""
+    return f"cores: server {server_cores:.2f}, client {client_cores:.2f}, machine busy {busy_pct:g} %"
 
 
 def targets(points: list[RampPoint], found: dict, light: dict, overload: dict) -> dict:
@@ -429,9 +433,9 @@ def targets_table(summary: dict) -> str:
                 f"<= {entry['slo_p99_ms']:g} ms; < 5 ms | {over['admitted_p99_ms']:.1f} ms; "
                 f"{over['refused_p99_ms']:.1f} ms ({over['refused']} refused; from the client's send "
                 f"{over['refused_after_send_p99_ms']:.1f} ms, the client itself late by "
-                f"{over['client_late_p99_ms']:.1f} ms; cores: server {over['server_cores']:.2f}, "
-                f"client {over['client_cores']:.2f}, machine busy "
-                f"{over['host_busy_pct']:g} %; {over['errors']} errors, "
+                f"{over['client_late_p99_ms']:.1f} ms; "
+                f"{cores_text(over['server_cores'], over['client_cores'], over['host_busy_pct'])}; "
+                f"{over['errors']} errors, "
                 f"{over['not_sent']} not sent by the client, RSS "
                 f"{over['rss_before_mib']} -> {over['rss_after_mib']} MiB, answers after: "
                 f"{'yes' if over['answers_after'] else 'NO'}) |"
