@@ -51,6 +51,7 @@ class StepResult:
     host_steal: float = float("nan")  # ``steal_share`` over the step: the hypervisor's, not ours
     host_busy: float = float("nan")  # ``busy_share`` over the step: the machine's cores in use
     client_cores: float = float("nan")  # this client's own CPU time over the step, in cores
+    handled: int = 0  # answers of any status over the whole step, warmup included: what the server did
 
     @property
     def goodput(self) -> float:
@@ -251,6 +252,7 @@ async def _step(
         unanswered,
         late_p99,
         np.array([done - sent for _, sent, done in refused]),
+        handled=len(generator.records),
     )
 
 

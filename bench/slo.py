@@ -39,6 +39,13 @@ step is the whole machine's: with `tiny` at twice what it sustains on two cores,
 of a core, the load generator 0.99 and the machine was 97 % busy, so the event loop lost its core now
 and then to the client, and a request that arrived then waited for it to come back.
 
+And what a request cost the server: its CPU time over the step divided by the requests it answered or
+refused (``server us/request``). The overload target shows it beside the one at ``TARGET_SHARE`` x R*.
+Refusing is cheaper than answering, but not free: when the refusals alone, at the overload's rate, take
+the whole core the event loop can use, requests wait in their sockets and the refusals come back late
+whatever admission decides (`tiny` on one VM: 55 us a request at 2x, about 140 at 0.8 x R*;
+docs/batching.md).
+
 Prints the targets and a table, returns them for run.py's report, and draws p99 and throughput against
 offered load (PNG).
 """
@@ -47,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -90,6 +98,7 @@ class RampPoint:
     host_busy_pct: float = float("nan")  # of the machine's CPU time, spent by anyone (loadgen)
     server_cores: float = float("nan")  # the server's CPU time over the step, in cores
     client_cores: float = float("nan")  # the load generator's, in cores
+    server_us_per_request: float = float("nan")  # the server's CPU time per request it answered or refused
 
     def keeps_up(self) -> bool:
         return self.goodput >= KEEPS_UP * self.offered and self.errors == 0
@@ -241,6 +250,7 @@ def ramp(
             point = measure_step(server, model, f"{model}_slo", request, rate, step_s[model], slo_ms, points)
             point.at_target = True
             points.append(point)
+            at_target = point
             time.sleep(1.0)
             rss_before = server.memory_mib("VmRSS")
             point = measure_step(
@@ -260,6 +270,8 @@ def ramp(
                 "server_cores": point.server_cores,
                 "client_cores": point.client_cores,
                 "host_busy_pct": point.host_busy_pct,
+                "server_us_per_request": point.server_us_per_request,
+                "server_us_per_request_at_target": at_target.server_us_per_request,
                 "errors": point.errors,
                 "not_sent": point.not_sent,
                 "rss_before_mib": round(rss_before, 1),
@@ -298,7 +310,8 @@ def _step(
     drain_s = min(10.0, max(2.0, 4 * slo_ms / 1000))
     cpu_before, started = server.cpu_s(), time.perf_counter()
     result = loadgen.run_step(server.port, request, rate, seconds, drain_s=drain_s)
-    server_cores = (server.cpu_s() - cpu_before) / (time.perf_counter() - started)
+    server_cpu_s = server.cpu_s() - cpu_before
+    server_cores = server_cpu_s / (time.perf_counter() - started)
     point = RampPoint(
         model=model,
         config="slo" if name.endswith("_slo") else name[len(model) + 1 :],
@@ -316,13 +329,15 @@ def _step(
         host_busy_pct=round(result.host_busy * 100, 1),
         server_cores=round(server_cores, 2),
         client_cores=round(result.client_cores, 2),
+        server_us_per_request=round(server_cpu_s / result.handled * 1e6, 1) if result.handled else math.nan,
     )
     print(
         f"  {name:16} offered {point.offered:8,.1f}/s  answered {point.goodput:8,.1f}/s  "
         f"p50 {point.p50_ms:9.2f}  p99 {point.p99_ms:9.2f} ms  refused {point.refused:5}  "
         f"errors {point.errors}  not sent {point.not_sent}  "
         f"client late p99 {point.client_late_p99_ms:.2f} ms  host steal {point.host_steal_pct:g} %  "
-        f"{cores_text(point.server_cores, point.client_cores, point.host_busy_pct)}",
+        f"{cores_text(point.server_cores, point.client_cores, point.host_busy_pct)}, "
+        f"server {point.server_us_per_request:.0f} us a request",
         flush=True,
     )
     return point
@@ -435,6 +450,8 @@ def targets_table(summary: dict) -> str:
                 f"{over['refused_after_send_p99_ms']:.1f} ms, the client itself late by "
                 f"{over['client_late_p99_ms']:.1f} ms; "
                 f"{cores_text(over['server_cores'], over['client_cores'], over['host_busy_pct'])}; "
+                f"the server's CPU {over.get('server_us_per_request', math.nan):.0f} us a request, "
+                f"{over.get('server_us_per_request_at_target', math.nan):.0f} at {TARGET_SHARE:g} x R*; "
                 f"{over['errors']} errors, "
                 f"{over['not_sent']} not sent by the client, RSS "
                 f"{over['rss_before_mib']} -> {over['rss_after_mib']} MiB, answers after: "
@@ -451,14 +468,15 @@ def config_label(point: RampPoint) -> str:
 def points_table(points: list[RampPoint]) -> str:
     lines = [
         "| model | config | offered/s | answered/s | p50 ms | p99 ms | refused | refusal p99 ms | errors "
-        "| not sent | client late p99 ms | host steal % | server cores | client cores | machine busy % |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| not sent | client late p99 ms | host steal % | server cores | client cores | machine busy % "
+        "| server us/request |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines.extend(
         f"| {p.model} | {config_label(p)} | {p.offered:,.1f} | {p.goodput:,.1f} | {p.p50_ms:.2f} | "
         f"{p.p99_ms:.2f} | {p.refused} | {p.refused_p99_ms:.2f} | {p.errors} | {p.not_sent} | "
         f"{p.client_late_p99_ms:.2f} | {p.host_steal_pct:g} | {p.server_cores:.2f} | {p.client_cores:.2f} | "
-        f"{p.host_busy_pct:g} |"
+        f"{p.host_busy_pct:g} | {p.server_us_per_request:.0f} |"
         for p in points
     )
     return "\n".join(lines)

@@ -72,6 +72,7 @@ def test_refusals_are_timed_from_when_they_were_due_and_from_when_they_were_sent
     request = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     result = loadgen.run_step(refuser, request, 200.0, 1.0, drain_s=1.0, warmup_s=0.2)
     assert result.sent == 200
+    assert result.handled == 240  # every answer the server gave over the step, the warmup's 40 included
     assert len(result.refused_latency) == len(result.refused_after_send) == 200
     assert result.errors == 0
     assert len(result.ok_latency) == 0

@@ -74,14 +74,17 @@ def test_the_points_table_shows_the_host_steal_and_who_used_the_cores_in_each_st
                 server_cores=0.95,
                 client_cores=0.99,
                 host_busy_pct=97.0,
+                server_us_per_request=55.4,
             )
         ]
     )
-    assert table.splitlines()[0].endswith("| host steal % | server cores | client cores | machine busy % |")
-    assert table.splitlines()[2].endswith("| 0.10 | 12.5 | 0.95 | 0.99 | 97 |")
+    assert table.splitlines()[0].endswith(
+        "| host steal % | server cores | client cores | machine busy % | server us/request |"
+    )
+    assert table.splitlines()[2].endswith("| 0.10 | 12.5 | 0.95 | 0.99 | 97 | 55 |")
 
 
-def test_the_overload_target_says_who_used_the_cores():
+def test_the_overload_target_says_who_used_the_cores_and_what_a_request_cost_the_server():
     points = [step(model, config, 1000.0, 1.0) for model in slo.MODELS for config in ("slo", "b8_w0")]
     overload = {
         "tiny": {
@@ -95,6 +98,8 @@ def test_the_overload_target_says_who_used_the_cores():
             "server_cores": 0.95,
             "client_cores": 0.99,
             "host_busy_pct": 97.0,
+            "server_us_per_request": 55.4,
+            "server_us_per_request_at_target": 139.6,
             "errors": 0,
             "not_sent": 651,
             "rss_before_mib": 80.0,
@@ -104,3 +109,4 @@ def test_the_overload_target_says_who_used_the_cores():
     }
     shown = slo.targets_table(slo.targets(points, FOUND, LIGHT, overload))
     assert "the client itself late by 0.3 ms; cores: server 0.95, client 0.99, machine busy 97 %;" in shown
+    assert "; the server's CPU 55 us a request, 140 at 0.9 x R*;" in shown
