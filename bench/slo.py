@@ -250,7 +250,6 @@ def ramp(
             point = measure_step(server, model, f"{model}_slo", request, rate, step_s[model], slo_ms, points)
             point.at_target = True
             points.append(point)
-            at_target = point
             time.sleep(1.0)
             rss_before = server.memory_mib("VmRSS")
             point = measure_step(
@@ -271,7 +270,6 @@ def ramp(
                 "client_cores": point.client_cores,
                 "host_busy_pct": point.host_busy_pct,
                 "server_us_per_request": point.server_us_per_request,
-                "server_us_per_request_at_target": at_target.server_us_per_request,
                 "errors": point.errors,
                 "not_sent": point.not_sent,
                 "rss_before_mib": round(rss_before, 1),
@@ -389,6 +387,7 @@ def targets(points: list[RampPoint], found: dict, light: dict, overload: dict) -
                 "answered_share": share(at_target.goodput, at_target.offered),
                 "p99_ms": at_target.p99_ms,
                 "holds": at_target.holds(slo_ms),
+                "server_us_per_request": at_target.server_us_per_request,
             },
             "throughput_within_slo_vs_best_fixed": share(
                 ours["best_goodput_within_slo"], theirs["best_goodput_within_slo"]
@@ -450,8 +449,9 @@ def targets_table(summary: dict) -> str:
                 f"{over['refused_after_send_p99_ms']:.1f} ms, the client itself late by "
                 f"{over['client_late_p99_ms']:.1f} ms; "
                 f"{cores_text(over['server_cores'], over['client_cores'], over['host_busy_pct'])}; "
-                f"the server's CPU {over.get('server_us_per_request', math.nan):.0f} us a request, "
-                f"{over.get('server_us_per_request_at_target', math.nan):.0f} at {TARGET_SHARE:g} x R*; "
+                f"the server's CPU {over['server_us_per_request']:.0f} us a request, "
+                f"{math.nan if target is None else target['server_us_per_request']:.0f} at "
+                f"{TARGET_SHARE:g} x R*; "
                 f"{over['errors']} errors, "
                 f"{over['not_sent']} not sent by the client, RSS "
                 f"{over['rss_before_mib']} -> {over['rss_after_mib']} MiB, answers after: "
