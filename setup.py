@@ -42,6 +42,7 @@ COMPILED = [
     "edgeinfer/batching/margin.py",
     "edgeinfer/batching/policy.py",
     "edgeinfer/batching/recorder.py",
+    "edgeinfer/batching/standing.py",
     "edgeinfer/batching/stats.py",
     "edgeinfer/metrics.py",
     "edgeinfer/outcome.py",

@@ -864,6 +864,49 @@ def test_admission_adds_a_margin_while_requests_miss_their_slo():
     assert batcher.slo_margin_s < late_margin_s, "requests in time brought the margin down"
 
 
+def test_a_queue_that_stands_under_an_overload_is_kept_to_half_the_slo():
+    """Offered a request every 2 ms where each takes 5 ms, a model with an SLO of 100 ms first lets its
+    queue grow to the SLO. Once it has stood deeper than half the SLO for half an SLO's time, admission
+    holds back the other half (``standing.py``), says so in its refusals, and what it lets in from then
+    on is answered in about half the SLO. Once the queue has emptied, nothing is held back."""
+    slo_s = 0.100
+
+    async def main():
+        backend = FakeBackend(delay_s=0.005)
+        batcher = make(backend, policy=BatchPolicy(max_batch_size=1), limits=QueueLimits(slo_s=slo_s))
+        batcher.runner.cost.observe(1, 0.005)
+        loop = asyncio.get_running_loop()
+        held_back: list[asyncio.Future] = []  # admitted while half the SLO was held back
+        latencies: list[float] = []
+        futures, refusals = [], []
+        began = time.monotonic()
+        while time.monotonic() - began < 0.8:
+            held = batcher.slo_margin_s >= slo_s / 2
+            try:
+                future = submit(batcher, 1.0)
+            except ServerBusy as refused:
+                refusals.append(str(refused))
+            else:
+                sent = loop.time()
+                future.add_done_callback(lambda _, sent=sent: latencies.append(loop.time() - sent))
+                futures.append(future)
+                if held:
+                    held_back.append(future)
+            await asyncio.sleep(0.002)
+        first_held = futures.index(held_back[0]) if held_back else len(futures)
+        await asyncio.gather(*futures)
+        answered_ahead = latencies[:first_held]
+        await submit(batcher, 2.0)  # alone: the queue stays empty after it
+        return batcher, refusals, latencies[first_held:], answered_ahead
+
+    batcher, refusals, held_latencies, earlier = asyncio.run(main())
+    assert held_latencies, "the queue never stood"
+    assert any("held back while its queue stands" in text for text in refusals)
+    assert max(earlier) > 0.7 * slo_s, "before it stood, the queue grew to about the SLO"
+    assert np.median(held_latencies) < 0.7 * slo_s, "then it was kept to about half"
+    assert batcher.slo_margin_s < slo_s / 2, "nothing is held back once the queue has emptied"
+
+
 def test_the_loops_idle_ticks_calm_the_margin_while_the_model_has_nothing_to_do():
     """A margin learned under an overload (5 ms of a 10 ms SLO) would outlast it: in an idle spell no
     answers come to bring it down. The event loop's idle ticks (``lag.py``) do, while the model has

@@ -33,6 +33,7 @@ from edgeinfer.batching.policy import (
     split_expired,
 )
 from edgeinfer.batching.recorder import BatchRecorder
+from edgeinfer.batching.standing import StandingQueue
 from edgeinfer.errors import (
     EdgeInferError,
     InferenceFailed,
@@ -166,6 +167,8 @@ class Batcher:
         # what admission adds to its predictions, steered by the share of requests missing the SLO
         self._margin = SloMargin(limits.slo_s, limits.slo_quantile) if limits.slo_s is not None else None
         self._idle_seen = 0  # the loop's idle ticks (``lag.py``) the margin has been calmed for
+        # under an overload, the queue kept to half the SLO (``standing.py``): admission holds back the rest
+        self._standing = StandingQueue(limits.slo_s) if limits.slo_s is not None else None
         self._spans = spans
 
     def expect(self) -> None:
@@ -193,16 +196,17 @@ class Batcher:
 
     @property
     def slo_margin_s(self) -> float:
-        """What admission adds to its predictions now (``margin.py``): first calmed for the loop's idle
-        ticks since it was last read, if the model has nothing queued or running."""
-        margin, lag = self._margin, self._lag
-        if margin is None:
+        """What admission adds to its predictions now: the margin steered by the misses (``margin.py``),
+        first calmed for the loop's idle ticks since it was last read if the model has nothing queued
+        or running, and the part of the SLO held back while the queue stands (``standing.py``)."""
+        margin, lag, standing = self._margin, self._lag, self._standing
+        if margin is None or standing is None:
             return 0.0
         if lag is not None and lag.idle_ticks != self._idle_seen:
             if not (self._pending or self._running):
                 margin.calm(lag.idle_ticks - self._idle_seen)
             self._idle_seen = lag.idle_ticks
-        return margin.margin_s
+        return margin.margin_s + standing.cut_s
 
     @property
     def outstanding(self) -> int:
@@ -421,12 +425,20 @@ class Batcher:
             raise self._over_slo("this request", "receiving it", arrived, backlog_s, own_s, lag_s, "")
 
     def _margin_text(self, margin_s: float) -> str:
+        """What ``margin_s`` (``slo_margin_s``, or 0 where it did not count) is made of, for a refusal."""
         if not margin_s:
             return ""
-        missing = f"{(1 - self.limits.slo_quantile) * 100:g} %"
-        return (
-            f", plus a margin of {margin_s * 1000:.1f} ms (what keeps the requests missing it to {missing})"
-        )
+        steered_s = self._margin.margin_s if self._margin is not None else 0.0
+        cut_s = self._standing.cut_s if self._standing is not None else 0.0
+        parts = []
+        if steered_s:
+            missing = f"{(1 - self.limits.slo_quantile) * 100:g} %"
+            parts.append(
+                f"a margin of {steered_s * 1000:.1f} ms (what keeps the requests missing it to {missing})"
+            )
+        if cut_s:
+            parts.append(f"{cut_s * 1000:.1f} ms held back while its queue stands (it is kept shorter)")
+        return ", plus " + " and ".join(parts)
 
     def _backlog_s(self, cost: CostModel, priority: int, arriving: int = 0) -> float:
         """How long until a request of ``priority`` would start: the rows queued ahead of it (at its
@@ -443,8 +455,7 @@ class Batcher:
                 rows_ahead += rows_queued
         most = self.policy.max_batch_size
         per_row_s, per_batch_s = cost.per_row_s, cost.per_batch_s
-        merges = most > 1 and (not self.policy.adaptive or merging_pays(per_row_s, per_batch_s))
-        batches = -(-rows_ahead // most) if merges else requests_ahead
+        batches = -(-rows_ahead // most) if self._merges(cost) else requests_ahead
         backlog_s = per_row_s * (rows_ahead + self._running_rows) + per_batch_s * (batches + self._running)
         backlog_s /= max(1, self.runner.concurrency)
         drain = self._drain_s_per_row
@@ -695,6 +706,7 @@ class Batcher:
     def _start(self, batch: list[Pending], now: float) -> None:
         rows = sum(item.rows for item in batch) if len(batch) > 1 else batch[0].rows
         jobs: list[_Job] = []
+        oldest_due = batch[0].due
         for item in batch:
             job: _Job = item.payload  # type: ignore[assignment]
             jobs.append(job)
@@ -702,7 +714,25 @@ class Batcher:
             self.recorder.started(waited)
             if job.trace is not None:
                 job.trace.queue_s, job.trace.batch_rows = waited, rows
+            if item.due is not None and (oldest_due is None or item.due < oldest_due):
+                oldest_due = item.due
+        standing = self._standing
+        if standing is not None and oldest_due is not None:
+            age_s = standing.slo_s - (oldest_due - now)
+            standing.started(now, age_s, bool(self._pending), self._full_batch_s())
         self._run(jobs, rows, now)
+
+    def _full_batch_s(self) -> float:
+        """What a full batch takes at the measured cost: of ``max_batch_size`` rows where queued requests
+        merge, of one row where each runs alone."""
+        cost = self.runner.cost
+        return cost.batch_s(self.policy.max_batch_size if self._merges(cost) else 1)
+
+    def _merges(self, cost: CostModel) -> bool:
+        """Whether queued requests run merged into full batches: a fixed policy merges them, an adaptive
+        one where merging pays (else it runs them one at a time)."""
+        most = self.policy.max_batch_size
+        return most > 1 and (not self.policy.adaptive or merging_pays(cost.per_row_s, cost.per_batch_s))
 
     def _run(self, jobs: list[_Job], rows: int, now: float) -> None:
         """Hand the batch to the runner; it is answered now if it ran inline, else when it finishes."""
