@@ -110,3 +110,40 @@ def test_the_overload_target_says_who_used_the_cores_and_what_a_request_cost_the
     shown = slo.targets_table(slo.targets(points, FOUND, LIGHT, overload))
     assert "the client itself late by 0.3 ms; cores: server 0.95, client 0.99, machine busy 97 %;" in shown
     assert "; the server's CPU 55 us a request, 140 at 0.9 x R*;" in shown
+
+
+def kept(model: str, config: str, offered: float, answered_share: float, **extra: object) -> slo.RampPoint:
+    point = step(model, config, offered, 1.0, **extra)
+    point.goodput = offered * answered_share
+    return point
+
+
+def test_the_sustainable_rate_is_the_highest_one_kept_up_with_twice():
+    ramp = [
+        kept("cnn", "slo", 60.0, 1.0),
+        kept("cnn", "slo", 70.0, 0.93),
+        kept("cnn", "b8_w2", 70.0, 0.99),
+        kept("cnn", "b8_w2", 80.0, 0.96),  # a lucky step: once more, it did not keep up
+    ]
+    assert slo.sustainable_rate(ramp) == 80.0  # without repeats: one step is enough
+    repeats = [
+        kept("cnn", "b8_w2", 80.0, 0.90, confirms=80.0),
+        kept("cnn", "b8_w2", 70.0, 0.97, confirms=70.0),
+    ]
+    assert slo.sustainable_rate(ramp + repeats) == 70.0
+    assert slo.sustainable_rate(ramp + repeats[:1]) == 80.0  # no repeat kept up: the ramp's own answer
+
+
+def test_the_repeats_of_r_star_candidates_are_shown_and_are_not_ramp_steps():
+    points = []
+    for model in slo.MODELS:
+        points += [kept(model, "slo", 1000.0, 1.0), kept(model, "slo", 2000.0, 0.96)]
+        points += [kept(model, "b8_w0", 1000.0, 1.0), kept(model, "b8_w0", 2000.0, 0.80)]
+        # the SLO config's 2,000/s kept up once, not twice: R* is 1,000/s, and its held rate is its own
+        points.append(kept(model, "slo", 2000.0, 0.90, confirms=2000.0))
+        points.append(kept(model, "slo", 1000.0, 1.0, confirms=1000.0))
+    summary = slo.targets(points, FOUND, LIGHT, {})
+    assert summary["tiny"]["sustainable_rate"] == 1000.0
+    assert summary["tiny"]["configs"]["slo"]["holds_slo_up_to"] == 2000.0
+    assert [p.offered for p in slo.steps_of(points, "slo")] == [1000.0, 1000.0, 2000.0, 2000.0]
+    assert slo.points_table(points).count("| slo (R* candidate, once more) |") == 4
