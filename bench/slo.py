@@ -421,7 +421,7 @@ def targets(points: list[RampPoint], found: dict, light: dict, overload: dict) -
             if at_target is None
             else {
                 "offered": at_target.offered,
-                "answered_share": share(at_target.goodput, at_target.offered),
+                "answered_share": round(at_target.goodput / at_target.offered, 4),  # 0.9499: not held
                 "p99_ms": at_target.p99_ms,
                 "holds": at_target.holds(slo_ms),
                 "server_us_per_request": at_target.server_us_per_request,
@@ -466,14 +466,14 @@ def targets_table(summary: dict) -> str:
             ""
             if target is None
             else f"; at {target['offered']:,.0f}/s ({TARGET_SHARE:g} x R*): "
-            f"{'held' if target['holds'] else 'NOT held'}, {target['answered_share']:.1%} answered, "
+            f"{'held' if target['holds'] else 'NOT held'}, {target['answered_share']:.2%} answered, "
             f"p99 {target['p99_ms']:.2f} ms"
         )
         lines.append(
             f"| {model}: SLO (p99 {entry['slo_p99_ms']:g} ms) held up to / sustainable rate "
             f"({entry['sustainable_rate']:,.0f}/s) | >= 0.90 | "
-            f"{entry['slo_holds_up_to_share_of_sustainable']:.2f} "
-            f"(best fixed, {entry['best_fixed']}: {entry['best_fixed_holds_up_to_share']:.2f}){at_target} |"
+            f"{entry['slo_holds_up_to_share_of_sustainable']:.3f} "
+            f"(best fixed, {entry['best_fixed']}: {entry['best_fixed_holds_up_to_share']:.3f}){at_target} |"
         )
         lines.append(
             f"| {model}: throughput within the SLO / best fixed | >= 0.90 | "

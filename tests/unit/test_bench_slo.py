@@ -147,3 +147,13 @@ def test_the_repeats_of_r_star_candidates_are_shown_and_are_not_ramp_steps():
     assert summary["tiny"]["configs"]["slo"]["holds_slo_up_to"] == 2000.0
     assert [p.offered for p in slo.steps_of(points, "slo")] == [1000.0, 1000.0, 2000.0, 2000.0]
     assert slo.points_table(points).count("| slo (R* candidate, once more) |") == 4
+
+
+def test_shares_are_shown_so_that_just_under_the_target_does_not_read_as_on_it():
+    points = [step(model, config, 1000.0, 1.0) for model in slo.MODELS for config in ("slo", "b8_w0")]
+    points += [step(model, "slo", 1117.3, 100.0) for model in slo.MODELS]  # not held
+    points += [step(model, "b8_w0", 1117.3, 100.0) for model in slo.MODELS]
+    points.append(kept("cnn", "slo", 71.8, 68.2 / 71.8, at_target=True))  # a hair under 95 %
+    shown = slo.targets_table(slo.targets(points, FOUND, LIGHT, {}))
+    assert "sustainable rate (1,117/s) | >= 0.90 | 0.895 (best fixed, b8_w0: 0.895) |" in shown
+    assert "at 72/s (0.9 x R*): NOT held, 94.99% answered," in shown
