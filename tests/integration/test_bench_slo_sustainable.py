@@ -19,9 +19,16 @@ from bench import slo
 class _Answerer(asyncio.Protocol):
     """Answers each request (no body) 200 if its path names ``tiny_b8_w0``, else 429."""
 
+    def __init__(self, transports: set[asyncio.BaseTransport]) -> None:
+        self.transports = transports  # the fixture's, to close them all at the end
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
+        self.transports.add(transport)
         self.buffer = b""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transports.discard(self.transport)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -36,13 +43,22 @@ def port() -> Iterator[int]:
     loop = asyncio.new_event_loop()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = loop.run_until_complete(loop.create_server(_Answerer, sock=sock))
+    transports: set[asyncio.BaseTransport] = set()
+    server = loop.run_until_complete(loop.create_server(lambda: _Answerer(transports), sock=sock))
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
+
+    async def close() -> None:  # the server's side of every connection too: none left to the GC
+        server.close()
+        for transport in list(transports):
+            transport.close()
+        await server.wait_closed()
+        await asyncio.sleep(0)  # the transports finish closing in the next iteration
+
     try:
         yield sock.getsockname()[1]
     finally:
-        server.close()
+        asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
