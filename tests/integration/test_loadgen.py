@@ -3,69 +3,27 @@ it counts, and the refusals' latency from when each was due and from when it was
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
-import socket
-import threading
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from bench import loadgen
+from tests.stub_http import stub_server
 
 DELAY_S = 0.002
 
 
-class _Refuser(asyncio.Protocol):
-    """Answers each request (no body) with a 429 after ``DELAY_S``."""
-
-    def __init__(self, transports: set[asyncio.BaseTransport]) -> None:
-        self.transports = transports  # the fixture's, to close them all at the end
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-        self.transports.add(transport)
-        self.buffer = b""
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transports.discard(self.transport)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while b"\r\n\r\n" in self.buffer:
-            _, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
-            asyncio.get_running_loop().call_later(DELAY_S, self._answer)
-
-    def _answer(self) -> None:
-        self.transport.write(b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 2\r\n\r\nno")  # type: ignore[attr-defined]
+REFUSAL = b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 2\r\n\r\nno"
 
 
 @pytest.fixture
 def refuser() -> Iterator[int]:
-    loop = asyncio.new_event_loop()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    transports: set[asyncio.BaseTransport] = set()
-    server = loop.run_until_complete(loop.create_server(lambda: _Refuser(transports), sock=sock))
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def close() -> None:
-        server.close()
-        for transport in list(transports):
-            transport.close()
-        await server.wait_closed()
-        await asyncio.sleep(0)  # the transports finish closing in the next iteration
-
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
+    """Answers each request (no body) with a 429 after ``DELAY_S``."""
+    with stub_server(lambda head: REFUSAL, DELAY_S) as port:
+        yield port
 
 
 def test_refusals_are_timed_from_when_they_were_due_and_from_when_they_were_sent(refuser: int):

@@ -706,7 +706,7 @@ class Batcher:
     def _start(self, batch: list[Pending], now: float) -> None:
         rows = sum(item.rows for item in batch) if len(batch) > 1 else batch[0].rows
         jobs: list[_Job] = []
-        oldest_due = batch[0].due
+        oldest_due = None
         for item in batch:
             job: _Job = item.payload  # type: ignore[assignment]
             jobs.append(job)
@@ -718,8 +718,8 @@ class Batcher:
                 oldest_due = item.due
         standing = self._standing
         if standing is not None and oldest_due is not None:
-            age_s = standing.slo_s - (oldest_due - now)
-            standing.started(now, age_s, bool(self._pending), self._full_batch_s())
+            age_s, left = standing.slo_s - (oldest_due - now), bool(self._pending)
+            standing.started(now, age_s, left, self._full_batch_s() if left else 0.0)  # (only read if left)
         self._run(jobs, rows, now)
 
     def _full_batch_s(self) -> float:

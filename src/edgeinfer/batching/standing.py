@@ -49,7 +49,7 @@ class StandingQueue:
     def started(self, now: float, oldest_age_s: float, queue_left: bool, full_batch_s: float) -> None:
         """A batch started at ``now``; its oldest request had used ``oldest_age_s`` of its SLO; requests
         were still queued after it (``queue_left``) or not; a full batch takes ``full_batch_s`` (the
-        cost model's)."""
+        cost model's; read only when requests were left, so a caller may pass 0 otherwise)."""
         if not queue_left:  # the queue emptied: whatever came, it was absorbed
             self._deep_since, self.standing, self.cut_s = None, False, 0.0
         elif oldest_age_s > self._keep_s:
