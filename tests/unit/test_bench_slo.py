@@ -36,6 +36,42 @@ def test_a_step_the_client_fell_behind_in_is_shown_and_not_counted():
     assert table.count("slo (client behind, repeated)") == 2
 
 
+def test_a_step_the_host_took_much_of_the_machine_in_is_shown_and_not_counted():
+    points = [
+        step(model, config, rate, FOUND[model]["slo_ms"] / 2)
+        for model in ("tiny", "cnn")
+        for config in ("slo", "b8_w0")
+        for rate in (1000.0, 2000.0)
+    ]
+    # the host took 29 % of the CPU at 2,000/s: the SLO config fell behind; once more, it kept up
+    points.insert(1, step("tiny", "slo", 2000.0, 30.0, host_steal_pct=29.2, host_took=True))
+    points[1].goodput = 1000.0
+    summary = slo.targets(points, FOUND, LIGHT, {})
+    assert summary["tiny"]["configs"]["slo"]["holds_slo_up_to"] == 2000.0
+    assert summary["tiny"]["slo_holds_up_to_share_of_sustainable"] == 1.0
+    assert "| tiny | slo (host took 29.2 %, repeated) | 2,000.0 | 1,000.0 |" in slo.points_table(points)
+
+
+def test_a_step_is_repeated_when_the_client_fell_behind_or_the_host_took_over_the_limit():
+    limit = slo.STEAL_LIMIT_PCT
+    cases = [  # (client late p99 ms, host steal %, repeated, client behind, host took); SLO 4 ms
+        (0.5, 0.0, False, False, False),
+        (4.0, limit, False, False, False),  # at the limits: counted
+        (4.1, 0.0, True, True, False),
+        (0.5, limit + 0.1, True, False, True),
+        (30.0, 29.2, True, True, True),
+        (0.5, math.nan, False, False, False),  # a kernel that does not count steal
+    ]
+    for late_ms, steal_pct, repeated, behind, took in cases:
+        point = step("tiny", "slo", 1000.0, 2.0, host_steal_pct=steal_pct)
+        point.client_late_p99_ms = late_ms
+        assert (slo.mark_disturbed(point, 4.0), point.client_behind, point.host_took) == (
+            repeated,
+            behind,
+            took,
+        )
+
+
 def test_host_steal_is_the_hypervisors_share_of_the_machines_cpu_time_over_the_step():
     from bench import loadgen
 
