@@ -447,7 +447,7 @@ def targets(points: list[RampPoint], found: dict, light: dict, overload: dict) -
             if at_target is None
             else {
                 "offered": at_target.offered,
-                "answered_share": round(at_target.goodput / at_target.offered, 4),  # 0.9499: not held
+                "answered_share": share(at_target.goodput, at_target.offered, 4),  # 0.9499: not held
                 "p99_ms": at_target.p99_ms,
                 "holds": at_target.holds(slo_ms),
                 "server_us_per_request": at_target.server_us_per_request,
@@ -467,8 +467,8 @@ def steps_of(points: list[RampPoint], config: str) -> list[RampPoint]:
     return sorted((p for p in points if p.config == config and p.confirms is None), key=lambda p: p.offered)
 
 
-def share(part: float, whole: float) -> float:
-    return round(part / whole, 3) if whole else 0.0
+def share(part: float, whole: float, places: int = 3) -> float:
+    return round(part / whole, places) if whole else 0.0
 
 
 def targets_table(summary: dict) -> str:
