@@ -92,12 +92,16 @@ class AccessLog:
             steps = " steps=" + ",".join(f"{step}:{ms:.2f}ms" for step, ms in steps_ms.items())
         if outcome.error is not None:
             fields["error"] = str(outcome.error)
+        repeats = ""
+        if outcome.repeats:  # refused with this one in its loop iteration, and logged with it
+            fields["repeats"] = outcome.repeats
+            repeats = f" repeats={outcome.repeats}"
         self._logger.log(
             level,
-            "%s %s/%s %s rows=%d batch=%d queue=%.2fms compute=%.2fms total=%.2fms%s id=%s%s",
+            "%s %s/%s %s rows=%d batch=%d queue=%.2fms compute=%.2fms total=%.2fms%s id=%s%s%s",
             outcome.protocol, model, version, status, outcome.rows, trace.batch_rows,
             fields["queue_ms"], fields["compute_ms"], fields["total_ms"], steps, outcome.request_id,
-            f" error={fields['error']}" if outcome.error is not None else "",
+            repeats, f" error={fields['error']}" if outcome.error is not None else "",
             extra=fields,
         )  # fmt: skip
 

@@ -104,10 +104,10 @@ class Histogram:
         self.sum = 0.0
         self.count = 0
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-        self.count += 1
+    def observe(self, value: float, times: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value)] += times
+        self.sum += value * times
+        self.count += times
 
     def snapshot(self) -> dict[str, Any]:
         return {"counts": list(self.counts), "sum": self.sum}
@@ -129,15 +129,22 @@ class ModelMetrics:
     refused: dict[str, int] = field(default_factory=dict)  # by reason: queue_full, slo, deadline
 
     def request_done(
-        self, protocol: str, status: str, total_s: float, decode_s: float | None, encode_s: float | None
+        self,
+        protocol: str,
+        status: str,
+        total_s: float,
+        decode_s: float | None,
+        encode_s: float | None,
+        times: int = 1,
     ) -> None:
+        """``times``: that many requests that went alike (refused together: ``Outcome.repeats``)."""
         key = (protocol, status)
-        self.requests[key] = self.requests.get(key, 0) + 1
-        (self.duration.get(protocol) or _histogram(self.duration, protocol)).observe(total_s)
+        self.requests[key] = self.requests.get(key, 0) + times
+        (self.duration.get(protocol) or _histogram(self.duration, protocol)).observe(total_s, times)
         if decode_s is not None:
-            (self.decode.get(protocol) or _histogram(self.decode, protocol)).observe(decode_s)
+            (self.decode.get(protocol) or _histogram(self.decode, protocol)).observe(decode_s, times)
         if encode_s is not None:
-            (self.encode.get(protocol) or _histogram(self.encode, protocol)).observe(encode_s)
+            (self.encode.get(protocol) or _histogram(self.encode, protocol)).observe(encode_s, times)
 
     def batch_done(self, rows: int, compute_s: float) -> None:
         self.batch_size.observe(rows)

@@ -48,6 +48,7 @@ class Outcome:
         "model",
         "protocol",
         "received_at",
+        "repeats",
         "request_id",
         "rows",
         "started",
@@ -76,3 +77,4 @@ class Outcome:
         self.rows = 0
         self.trace = RequestTrace()
         self.metrics: ModelMetrics | None = None  # known once the request reached its model version
+        self.repeats = 0  # more requests refused with this one's error in its loop iteration, counted with it

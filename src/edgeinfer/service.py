@@ -147,6 +147,18 @@ class Cluster(Protocol):
     async def overview(self) -> dict[str, Any]: ...
 
 
+class _TurnRefusal:
+    """The first request of a loop iteration refused before decoding for its wait, with its error and
+    the batcher that refused it (``InferenceService.refused_again``)."""
+
+    __slots__ = ("batcher", "outcome", "refusal")
+
+    def __init__(self, batcher: Batcher, refusal: ServerBusy, outcome: Outcome) -> None:
+        self.batcher = batcher
+        self.refusal = refusal
+        self.outcome = outcome
+
+
 class InferenceService:
     def __init__(
         self,
@@ -183,6 +195,9 @@ class InferenceService:
         self._afterwards = Afterwards()
         # tracing is on: transports pass the W3C trace context headers they received to ``call``
         self.traced = tracing is not None
+        # by (protocol, model, version asked for): this loop iteration's first refusal before decoding,
+        # until it is recorded (``refused_again``)
+        self._turn_refusals: dict[tuple[str, str, str | None], _TurnRefusal] = {}
 
     def set_ready(self, ready: bool) -> None:
         """Called by the server once every model is loaded and warmed up (and False on shutdown)."""
@@ -505,7 +520,31 @@ class InferenceService:
         if judged is None or judged.serving is None:
             return entry, None
         outcome.metrics = judged.recorder.metrics  # counted under it if refused here or undecodable
-        return entry, judged.serving.batcher.refuse_unread(queue_known=entry is not None)
+        batcher = judged.serving.batcher
+        refusal = batcher.refuse_unread(queue_known=entry is not None)
+        # (not while tracing: each request's span is its own)
+        if refusal is not None and entry is not None and self._tracing is None:
+            key = (outcome.protocol, outcome.model, outcome.version)
+            self._turn_refusals[key] = _TurnRefusal(batcher, refusal, outcome)
+        return entry, refusal
+
+    def refused_again(self, protocol: str, model: str, version: str | None) -> ServerBusy | None:
+        """The refusal of a request for a model one of whose requests this loop iteration already
+        refused before decoding for its wait (``Batcher.refuse_again``: this one waited longer still),
+        or None (then it goes the usual way: ``call``). Such a request is neither judged nor recorded on
+        its own: it counts with that first one (``Outcome.repeats``), every one in the metrics and
+        statistics; the first one's access log line gives their number, and the recent errors list the
+        first one only. Under overload refusals are most of the event loop's work, and one recorded on
+        its own took the loop about twice as long as one counted with the first (docs/batching.md).
+        Not while tracing: each request's span is its own."""
+        turns = self._turn_refusals
+        if not turns:
+            return None
+        turn = turns.get((protocol, model, version))
+        if turn is None or not turn.batcher.refuse_again(turn.refusal):
+            return None
+        turn.outcome.repeats += 1
+        return turn.refusal
 
     def record(self, outcome: Outcome) -> None:
         """Count a finished request and log it, once the loop iteration's answers are written
@@ -516,6 +555,13 @@ class InferenceService:
     def _record(self, outcome: Outcome) -> None:
         total_s = outcome.ended - outcome.started
         status = "success" if outcome.error is None else status_label(outcome.error)
+        turns = self._turn_refusals
+        if turns:  # a first refusal's repeats are counted now: later ones go the usual way
+            key = (outcome.protocol, outcome.model, outcome.version)
+            turn = turns.get(key)
+            if turn is not None and turn.outcome is outcome:
+                del turns[key]
+        times = 1 + outcome.repeats
         metrics = outcome.metrics
         if metrics is None:  # it failed before reaching a model version
             name, version = outcome.model, outcome.version
@@ -526,13 +572,14 @@ class InferenceService:
             except ModelNotReady:
                 version = version or ""
             metrics = self.metrics.model(name, version)
-        metrics.request_done(outcome.protocol, status, total_s, outcome.decode_s, outcome.encode_s)
+        metrics.request_done(outcome.protocol, status, total_s, outcome.decode_s, outcome.encode_s, times)
         if outcome.error is not None and isinstance(outcome.error, LimitExceeded) and outcome.error.limit:
             self.metrics.limit_refused(outcome.error.limit)
         if status == "success":
             self.router.observe(outcome.model, total_s)
         elif status in ("rejected", "timeout"):  # for load: as if it never finished
-            self.router.observe(outcome.model, math.inf)
+            for _ in range(times):
+                self.router.observe(outcome.model, math.inf)
         self.access_log.write(outcome, metrics.name, metrics.version, status, total_s)
         if self._tracing is not None:
             self._tracing.end(outcome, metrics.name, metrics.version, status)

@@ -807,6 +807,29 @@ def test_the_requests_read_after_a_refused_one_in_the_same_iteration_share_its_r
     assert batcher.recorder.metrics.refused == {"slo": 4}
 
 
+def test_a_refusal_is_given_again_only_within_its_own_iteration():
+    """``refuse_again``: the service refuses the rest of an iteration's requests with its first refusal
+    without judging them; the batcher says whether that refusal is still this iteration's, and counts
+    each one it is given again. Not another error, not the next iteration's."""
+    from edgeinfer.batching.lag import LoopLag
+
+    async def main():
+        lag = LoopLag()
+        batcher = _slo_batcher(lag)
+        first = await _judged_next_iteration(batcher, lag, 0.025, 0.0)
+        assert first is not None
+        again = [batcher.refuse_again(first), batcher.refuse_again(first)]
+        other = batcher.refuse_again(ServerBusy("another refusal"))
+        await asyncio.sleep(0)  # the next iteration
+        later = batcher.refuse_again(first)
+        lag.stop()
+        return batcher, again, other, later
+
+    batcher, again, other, later = asyncio.run(main())
+    assert (again, other, later) == ([True, True], False, False)
+    assert batcher.recorder.metrics.refused == {"slo": 3}
+
+
 def test_higher_priority_is_admitted_where_lower_priority_is_refused():
     async def main():
         backend = FakeBackend(hold=True)

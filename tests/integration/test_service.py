@@ -201,6 +201,62 @@ def test_a_call_records_success_and_each_failure_exactly_once(tmp_path: Path, ca
     assert lines[0].request_id == "given-id"
 
 
+def _refused_in_one_iteration(path: Path) -> tuple[InferenceService, list]:
+    """Four requests for an SLO model read in one loop iteration that is 50 ms behind: the first goes
+    the usual way (``call``, ``shed``), the rest are offered to ``refused_again`` first (and one for the
+    model over another protocol); then one more in the next iteration, after the records were made."""
+
+    async def main():
+        service = build()
+        await service.registry.load([onnx_source(path, max_batch_size=8, slo={"p99_ms": 20})])
+        warm = service.call("test", "m", None)
+        await warm.submit(x())  # the cost model has a batch
+        warm.respond(lambda response: response)
+        lag = service.registry._lag
+        await asyncio.sleep(0)  # a new iteration
+        lag.lag_s, lag.turn_s = 0.050, 0.001
+        first = service.call("test", "m", None, "first-id")
+        refused = [first.shed()]
+        refused += [service.refused_again("test", "m", None) for _ in range(3)]
+        refused.append(service.refused_again("other protocol", "m", None))
+        await asyncio.sleep(0)  # the next iteration: the records are made, and the refusal is past
+        await asyncio.sleep(0)
+        refused.append(service.refused_again("test", "m", None))
+        lag.stop()
+        return service, refused
+
+    return run(main)
+
+
+def test_the_refusals_of_one_loop_iteration_are_counted_together_with_the_first(tmp_path: Path, caplog):
+    """``refused_again``: once a request was refused before decoding for its wait, the others of its
+    loop iteration (same protocol, model and version asked for) get the same refusal without a call of
+    their own, and count with the first: every one in the metrics and statistics; the first alone in
+    the recent errors, and in the access log with their number. Not in the next iteration."""
+    with caplog.at_level(logging.INFO, logger="edgeinfer.access"):
+        service, refused = _refused_in_one_iteration(matmul_model(tmp_path / "m.onnx"))
+    first = refused[0]
+    assert first is not None
+    assert "behind" in first.message
+    assert refused[1:4] == [first] * 3
+    assert refused[4:] == [None, None], (
+        "another protocol's requests, and the next iteration's, go the usual way"
+    )
+    metrics = service.metrics.model("m", "1")
+    assert metrics.requests == {("test", "success"): 1, ("test", "rejected"): 4}
+    assert metrics.duration["test"].count == 5
+    assert metrics.refused == {"slo": 4}
+    assert service.router.pick("m").recorder.stats.fail.count == 4
+    errors = [error for error in service.local_overview()["errors"] if error["status"] == "rejected"]
+    assert [error["request_id"] for error in errors] == ["first-id"]
+    lines = [record for record in caplog.records if record.name == "edgeinfer.access"]
+    assert [(line.status, line.request_id, getattr(line, "repeats", 0)) for line in lines] == [
+        ("success", lines[0].request_id, 0),
+        ("rejected", "first-id", 3),
+    ]
+    assert "id=first-id repeats=3 error=" in lines[1].getMessage()
+
+
 def test_a_call_decoded_off_the_loop_counts_as_arriving_until_submitted_or_failed(tmp_path: Path):
     """``defer``: the version judged before decoding counts the request as arriving (admission before
     decoding sees it ahead) until it is submitted or fails, once, however often either is called."""

@@ -463,6 +463,17 @@ class Batcher:
             backlog_s = max(backlog_s, drain * (rows_ahead + self._running_rows))
         return backlog_s
 
+    def refuse_again(self, refusal: ServerBusy) -> bool:
+        """Whether ``refusal`` is the one this loop iteration's requests are refused with before decoding
+        (``refuse_unread``: once one was refused for its wait, the rest of the iteration's waited
+        longer still), counting one more request refused with it. Lets the service refuse such a
+        request without judging it again (``InferenceService.refused_again``)."""
+        memo, lag = self._refused_turn, self._lag
+        if memo is None or memo[1] is not refusal or lag is None or memo[0] != lag.turns:
+            return False
+        self.recorder.refused("slo")
+        return True
+
     def refuse_unread(self, queue_known: bool = True) -> ServerBusy | None:
         """The refusal (counted) of a request before its body is decoded, when it would miss the SLO
         even at its most favourable (one row, the highest priority), by either of two measures: how
@@ -492,7 +503,8 @@ class Batcher:
         loop is on time has nothing ahead of it (at concurrency 1 each turn is the request's own
         processing). Once a request of this iteration was refused for it, the rest of the iteration's
         are refused with the same error (they waited longer still), for the cost of counting them: under
-        overload refusals are most of the loop's work. The admission margin (``margin.py``) counts here
+        overload refusals are most of the loop's work (the service does not even ask about a request
+        it can tell is one of them: ``refuse_again``). The admission margin (``margin.py``) counts here
         too, for a request that waited: at twice what it sustains (42,000/s, SLO 3.8 ms) `tiny` answered
         0.2-0.7 % of its requests at p99 4.4-874 ms without it, 6.9-10.7 % at p99 3.0-3.6 ms with it
         (three rounds alternating on fresh servers).

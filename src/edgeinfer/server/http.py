@@ -62,7 +62,7 @@ from edgeinfer.server import http_compression
 from edgeinfer.server.auth import Guard, http_role, presented_key
 from edgeinfer.server.http_protocol import Answer, Deferred, DoneNow, HttpRequest, HttpResponse
 from edgeinfer.server.offload import OffloadThread
-from edgeinfer.service import InferenceCall, InferenceService, parse_override
+from edgeinfer.service import InferenceCall, InferenceService, new_request_id, parse_override
 
 log = logging.getLogger(__name__)
 
@@ -359,24 +359,36 @@ class V2Routes:
         route = _inference_route(head.path)
         if route is None:
             return None
+        again = self._refused_again(head, *route)
+        if again is not None:
+            return again
         call = self._call(head, *route)
         refusal = call.shed()
         return None if refusal is None else self._refused(refusal, call.outcome.request_id)
 
     def _call(self, request: HttpRequest, name: str, version: str | None) -> InferenceCall:
-        headers = request.headers
-        given_id = headers.get(b"x-request-id")
         return self.service.call(
             "http",
             name,
             version,
-            given_id.decode("latin-1") if given_id else None,
-            _trace_headers(headers) if self.service.traced else None,
+            _given_id(request),
+            _trace_headers(request.headers) if self.service.traced else None,
             received_at=request.received_at,
         )
 
+    def _refused_again(self, request: HttpRequest, name: str, version: str | None) -> HttpResponse | None:
+        """The refusal of a request whose loop iteration already refused one for its model before
+        decoding, counted with that one (``InferenceService.refused_again``); None for the rest."""
+        refusal = self.service.refused_again("http", name, version)
+        if refusal is None:
+            return None
+        return self._refused(refusal, _given_id(request) or new_request_id())
+
     def _infer(self, request: HttpRequest, name: str, version: str | None) -> Answer:
         headers = request.headers
+        again = self._refused_again(request, name, version)
+        if again is not None:
+            return again
         call = self._call(request, name, version)
         refusal = call.shed()
         if refusal is not None:
@@ -539,6 +551,12 @@ def _trace_headers(headers: dict[bytes, bytes]) -> tuple[str, str | None] | None
         return None
     state = headers.get(b"tracestate")
     return parent.decode("latin-1"), state.decode("latin-1") if state is not None else None
+
+
+def _given_id(request: HttpRequest) -> str | None:
+    """The client's request id (``x-request-id``), if it sent one."""
+    given = request.headers.get(b"x-request-id")
+    return given.decode("latin-1") if given else None
 
 
 def _with_id(reply: HttpResponse, request_id: str) -> HttpResponse:
