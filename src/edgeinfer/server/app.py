@@ -231,7 +231,7 @@ class Server:
             self._start_poller()
         else:
             await worker.serving()
-            await self._listen(worker.http_socket, worker.grpc_port)
+            await self._listen(worker.http_socket, worker.grpc_port, shared=True)
         security.watch_tls()
         # Models, sessions and module state live for the whole run: move them out of the collector's
         # reach so that garbage collections triggered by request traffic stay short (tail latency).
@@ -248,7 +248,8 @@ class Server:
             self.grpc_port or "(off)",
         )
 
-    async def _listen(self, http_socket: socket.socket, grpc_port: int | None) -> None:
+    async def _listen(self, http_socket: socket.socket, grpc_port: int | None, shared: bool = False) -> None:
+        """``shared``: the workers' one HTTP socket (``HttpServer.start``)."""
         assert self.service is not None
         assert self._security is not None
         server_config = self.config.server
@@ -264,7 +265,7 @@ class Server:
         self._http = self._security.http_server(
             routes, error_response, server_config.max_request_bytes, idle_poll, routes.early
         )
-        await self._http.start(http_socket)
+        await self._http.start(http_socket, shared)
         if grpc_port is not None:
             await self._start_grpc(server_config.host, grpc_port, server_config.max_request_bytes)
 

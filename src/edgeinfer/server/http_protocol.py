@@ -34,6 +34,7 @@ from typing import Any, TypeAlias, cast
 
 import httptools
 
+from edgeinfer.server.accept import ACCEPT_AT_ONCE, Listener
 from edgeinfer.server.idle_poll import IdlePoll
 
 log = logging.getLogger(__name__)
@@ -566,18 +567,20 @@ class HttpServer:
     ) -> None:
         self._state = ServerState(handler, on_error, limits, on_refused, idle_poll, early)
         self._ssl = ssl_context
-        self._server: asyncio.AbstractServer | None = None
+        self._listener: Listener | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
-    async def start(self, sock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
+    async def start(self, sock: socket.socket, shared: bool = False) -> None:
+        """``shared``: other processes accept connections on ``sock`` too (workers): it is then
+        accepted from one connection at a time (``accept.py``)."""
+        self._listener = Listener(
+            sock,
             lambda: HttpConnection(self._state),
-            sock=sock,
-            backlog=2048,
-            ssl=self._ssl,
-            ssl_handshake_timeout=self._state.limits.header_timeout_s if self._ssl is not None else None,
+            self._ssl,
+            self._state.limits.header_timeout_s,
+            at_once=1 if shared else ACCEPT_AT_ONCE,
         )
+        self._listener.start()
         self._schedule_sweep()
 
     def _schedule_sweep(self) -> None:
@@ -595,8 +598,8 @@ class HttpServer:
         """Stop accepting, let in-flight requests finish (up to ``timeout_s``), close every connection."""
         if self._sweeper is not None:
             self._sweeper.cancel()
-        if self._server is not None:
-            self._server.close()
+        if self._listener is not None:
+            self._listener.close()
         self._state.all_closed = asyncio.Event()
         if not self._state.connections:
             self._state.all_closed.set()
@@ -608,5 +611,3 @@ class HttpServer:
             log.warning("closing %d connection(s) that did not finish in time", len(self._state.connections))
             for connection in list(self._state.connections):
                 connection.abort()
-        if self._server is not None:
-            await self._server.wait_closed()
