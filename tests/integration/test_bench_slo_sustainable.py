@@ -37,7 +37,9 @@ def test_r_star_is_the_highest_rate_a_repeat_keeps_up_with_again(port: int):
     points = list(ramp)
     found = slo.confirm_sustainable(server, "tiny", b"", 1.0, 4.0, points)  # type: ignore[arg-type]
     assert found == 200.0
-    repeats = points[len(ramp) :]
+    # a repeat the host or the client disturbed is shown and run once more (``measure_step``): on a busy
+    # host (steal over 5 %) there are more points than repeats; those counted are the ones that are not
+    repeats = [p for p in points[len(ramp) :] if not p.repeated()]
     assert [(p.config, p.confirms) for p in repeats] == [("slo", 300.0), ("b8_w0", 200.0)]
     assert [p.keeps_up() for p in repeats] == [False, True]
     assert slo.sustainable_rate(points) == 200.0
