@@ -8,8 +8,9 @@ accept queue an iteration each. Measured with `bench/loadgen.py` offering `tiny`
 (about twice what it sustains on the 2-core VM) while it opened its connections: the listening
 socket's queue held up to 606 connections, drained at about 1,000 a second, and the first requests of
 those connections were answered up to 1.1 s after they were sent, while the server itself counted a
-few milliseconds for them (it cannot see that queue). Accepting them all at once, the longest was
-answered about 0.25 s after it was due, the wait now in the server, where admission sees it. So every
+few milliseconds for them (it cannot see that queue). Accepting them all at once, the queue held at
+most 89-112 connections and the slowest answer came 0.23 and 0.47 s after it was due (two runs), the
+wait now in the server, where admission sees it. So every
 connection waiting is accepted when the socket is ready, as asyncio's own event loop does, up to
 ``ACCEPT_AT_ONCE`` (the socket is level-triggered: the rest come in the next iteration, after the
 requests read meanwhile). Not on the one listening socket that workers share (docs/deployment.md):
