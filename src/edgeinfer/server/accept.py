@@ -46,10 +46,10 @@ class Listener:
         protocol_factory: Callable[[], asyncio.Protocol],
         ssl_context: ssl.SSLContext | None = None,
         ssl_handshake_timeout_s: float | None = None,
-        at_once: int = ACCEPT_AT_ONCE,
+        shared: bool = False,
     ) -> None:
         self._sock = sock
-        self._at_once = at_once
+        self._at_once = 1 if shared else ACCEPT_AT_ONCE  # shared: other processes accept on it (workers)
         self._protocol_factory = protocol_factory
         self._ssl = ssl_context
         self._handshake_timeout_s = ssl_handshake_timeout_s if ssl_context is not None else None

@@ -34,7 +34,7 @@ from typing import Any, TypeAlias, cast
 
 import httptools
 
-from edgeinfer.server.accept import ACCEPT_AT_ONCE, Listener
+from edgeinfer.server.accept import Listener
 from edgeinfer.server.idle_poll import IdlePoll
 
 log = logging.getLogger(__name__)
@@ -578,7 +578,7 @@ class HttpServer:
             lambda: HttpConnection(self._state),
             self._ssl,
             self._state.limits.header_timeout_s,
-            at_once=1 if shared else ACCEPT_AT_ONCE,
+            shared,
         )
         self._listener.start()
         self._schedule_sweep()
