@@ -522,8 +522,14 @@ class InferenceService:
         outcome.metrics = judged.recorder.metrics  # counted under it if refused here or undecodable
         batcher = judged.serving.batcher
         refusal = batcher.refuse_unread(queue_known=entry is not None)
-        # (not while tracing: each request's span is its own)
-        if refusal is not None and entry is not None and self._tracing is None:
+        # the rest of this iteration's requests share a refusal for the wait (not one for the queue, and
+        # not while tracing: each request's span is its own)
+        if (
+            refusal is not None
+            and entry is not None
+            and self._tracing is None
+            and batcher.refuses_turn(refusal)
+        ):
             key = (outcome.protocol, outcome.model, outcome.version)
             self._turn_refusals[key] = _TurnRefusal(batcher, refusal, outcome)
         return entry, refusal

@@ -658,7 +658,8 @@ def test_before_decoding_the_queue_is_judged_with_the_lag_as_after_decoding():
     """21 ms of lag and a 20 ms batch running, 10 ms per request, SLO 32 ms: the wait alone would not
     refuse a request (21 + 10 ms), but the queue is judged as admission judges it after decoding, with
     the lag (21 + 20 + 10 ms): refused unread. With nothing known of the queue (the request may go to
-    another model), only the wait is judged: 23 ms of lag refuses it."""
+    another model), only the wait is judged: 23 ms of lag refuses it. Only the wait's refusal is the
+    iteration's (``refuses_turn``): the queue's is judged afresh for the next request."""
     from edgeinfer.batching.lag import LoopLag
 
     async def main():
@@ -678,6 +679,7 @@ def test_before_decoding_the_queue_is_judged_with_the_lag_as_after_decoding():
             r"server busy 21\.0 ms\) against an SLO of 32 ms; it was refused before its body was read",
             refusal.message,
         )
+        assert not batcher.refuses_turn(refusal)
         await asyncio.sleep(0)
         lag.lag_s, lag.turn_s = 0.023, 0.0
         refusal = batcher.refuse_unread(queue_known=False)
@@ -687,6 +689,7 @@ def test_before_decoding_the_queue_is_judged_with_the_lag_as_after_decoding():
             r"SLO of 32 ms; it was refused before its body was read",
             refusal.message,
         )
+        assert batcher.refuses_turn(refusal)
         lag.stop()
         backend.release()
         await running

@@ -463,13 +463,17 @@ class Batcher:
             backlog_s = max(backlog_s, drain * (rows_ahead + self._running_rows))
         return backlog_s
 
-    def refuse_again(self, refusal: ServerBusy) -> bool:
+    def refuses_turn(self, refusal: ServerBusy) -> bool:
         """Whether ``refusal`` is the one this loop iteration's requests are refused with before decoding
         (``refuse_unread``: once one was refused for its wait, the rest of the iteration's waited
-        longer still), counting one more request refused with it. Lets the service refuse such a
-        request without judging it again (``InferenceService.refused_again``)."""
+        longer still). A refusal for the queue ahead is not: the next request is judged afresh."""
         memo, lag = self._refused_turn, self._lag
-        if memo is None or memo[1] is not refusal or lag is None or memo[0] != lag.turns:
+        return memo is not None and memo[1] is refusal and lag is not None and memo[0] == lag.turns
+
+    def refuse_again(self, refusal: ServerBusy) -> bool:
+        """``refuses_turn``, counting one more request refused with it. Lets the service refuse such a
+        request without judging it again (``InferenceService.refused_again``)."""
+        if not self.refuses_turn(refusal):
             return False
         self.recorder.refused("slo")
         return True
