@@ -83,7 +83,7 @@ import run  # noqa: E402  (the shared helpers of bench/run.py)
 SLO_FACTOR = 30  # each model's p99 objective: this many times its single-request latency here
 # The single-request latency is the lowest p50 of this many runs: a run that meets a busy host reads
 # high, and the SLO and every target after it move with it (20261203: one probe read `tiny` at 0.647
-# ms where the runs before and after read 0.23, and set an SLO of 19 ms instead of about 7)
+# ms where the probes before and after it read 0.216-0.226, and set an SLO of 19 ms instead of about 7)
 PROBE_RUNS = 3
 FRESH_RUNS = 3
 FIXED = ((1, 0.0), (8, 0.0), (8, 2.0), (32, 2.0), (32, 8.0))  # (max_batch_size, batch_timeout_millis)
