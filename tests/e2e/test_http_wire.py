@@ -87,6 +87,21 @@ def test_headers_over_the_limit_get_431(example_server: ServerProcess):
     still_serving(example_server)
 
 
+def test_a_request_target_that_is_not_a_url_gets_400_naming_it(example_server: ServerProcess):
+    """The target passes the request line's parse and fails when split into path and query; the answer
+    names it (httptools alone would say only "callback error"), with a GET and with a body."""
+    for wire in (
+        b"GET http://[bad HTTP/1.1\r\nHost: test\r\n\r\n",
+        post("http://[bad", orjson.dumps(INFER)),
+    ):
+        with socket.create_connection(("127.0.0.1", example_server.port), timeout=10) as sock:
+            sock.sendall(wire)
+            [(status, _, body)] = read_responses(sock, 1)
+        assert status == 400
+        assert orjson.loads(body)["error"] == "malformed HTTP request: invalid url b'http://[bad'"
+    still_serving(example_server)
+
+
 def test_malformed_http_gets_400_and_the_server_goes_on(example_server: ServerProcess):
     for garbage in (
         b"NOT HTTP AT ALL\r\n\r\n",

@@ -200,6 +200,14 @@ def _split_url(url: bytes) -> tuple[str, bytes]:
     return split
 
 
+def _parse_failure(error: Exception) -> str:
+    """What a parse failure says. A request target that is not a valid URL fails in our callback
+    (``_split_url``), and httptools reports a callback's failure as only "callback error", with the
+    cause as its context: the client is told the cause."""
+    cause = error.__context__
+    return str(cause if isinstance(cause, httptools.HttpParserInvalidURLError) else error)
+
+
 def _describe(request: HttpRequest | None) -> str:
     return f"{request.method} {request.path}" if request is not None else "a request"
 
@@ -305,7 +313,7 @@ class HttpConnection(asyncio.Protocol):
                 self._state.on_refused(limit)
                 self._fail(status, message)
             else:
-                self._fail(400, f"malformed HTTP request: {exc}")
+                self._fail(400, f"malformed HTTP request: {_parse_failure(exc)}")
 
     # ---- httptools callbacks ----
 
