@@ -43,3 +43,22 @@ def test_refusals_are_timed_from_when_they_were_due_and_from_when_they_were_sent
     # 1.2 s), and could not have used more than every core
     assert 0.0 < result.client_cores <= os.cpu_count()  # type: ignore[operator]
     assert math.isnan(result.host_busy) or 0.0 < result.host_busy <= 1.0
+
+
+BODY_BYTES = 16 << 20  # more than the kernel's socket buffers take while the server does not read
+DROP_AFTER_S = 1.0
+
+
+def test_a_connection_refused_before_its_body_was_written_is_not_reused_until_it_is():
+    """The server refuses each request from its headers and reads (drops) its body only a second later.
+    Eight requests in a second on four connections opened beforehand: the fifth on would have waited
+    behind an earlier request's unread body, the way no HTTP/1.1 client sends; each gets a connection
+    of its own, and every refusal comes at once."""
+    head = f"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {BODY_BYTES}\r\n\r\n".encode()
+    request = head + bytes(BODY_BYTES)
+    with stub_server(lambda _: REFUSAL, drop_after_s=DROP_AFTER_S) as port:
+        result = loadgen.run_step(port, request, 8.0, 1.0, drain_s=1.0, warmup_s=0.0)
+    assert result.sent == 8
+    assert len(result.refused_latency) == 8
+    assert result.errors == result.unanswered == 0
+    assert float(result.refused_latency.max()) < DROP_AFTER_S / 4
