@@ -113,6 +113,7 @@ class RampPoint:
     client_behind: bool = False  # the client fell behind by more than the SLO: repeated, not counted
     host_took: bool = False  # the hypervisor took more than STEAL_LIMIT_PCT %: repeated, not counted
     refused_after_send_p99_ms: float = float("nan")  # from when the client sent them (not when due)
+    client_write_p99_ms: float = float("nan")  # the client's own write of a request (loadgen)
     host_steal_pct: float = float("nan")  # of the machine's CPU time, taken by the hypervisor (loadgen)
     host_busy_pct: float = float("nan")  # of the machine's CPU time, spent by anyone (loadgen)
     server_cores: float = float("nan")  # the server's CPU time over the step, in cores
@@ -289,6 +290,7 @@ def ramp(
                 "refused_p99_ms": point.refused_p99_ms,
                 "refused_after_send_p99_ms": point.refused_after_send_p99_ms,
                 "client_late_p99_ms": point.client_late_p99_ms,
+                "client_write_p99_ms": point.client_write_p99_ms,
                 "server_cores": point.server_cores,
                 "client_cores": point.client_cores,
                 "host_busy_pct": point.host_busy_pct,
@@ -390,6 +392,7 @@ def _step(
         client_late_p99_ms=round(result.client_late_p99_s * 1000, 2),
         not_sent=result.client_overflow,
         refused_after_send_p99_ms=round(result.refused_after_send_p(0.99) * 1000, 2),
+        client_write_p99_ms=round(result.client_write_p99_s * 1000, 2),
         host_steal_pct=round(result.host_steal * 100, 1),
         host_busy_pct=round(result.host_busy * 100, 1),
         server_cores=round(server_cores, 2),
@@ -400,7 +403,8 @@ def _step(
         f"  {name:16} offered {point.offered:8,.1f}/s  answered {point.goodput:8,.1f}/s  "
         f"p50 {point.p50_ms:9.2f}  p99 {point.p99_ms:9.2f} ms  refused {point.refused:5}  "
         f"errors {point.errors}  not sent {point.not_sent}  "
-        f"client late p99 {point.client_late_p99_ms:.2f} ms  host steal {point.host_steal_pct:g} %  "
+        f"client late p99 {point.client_late_p99_ms:.2f} ms (its writes {point.client_write_p99_ms:.2f})  "
+        f"host steal {point.host_steal_pct:g} %  "
         f"{cores_text(point.server_cores, point.client_cores, point.host_busy_pct)}, "
         f"server {point.server_us_per_request:.0f} us a request",
         flush=True,
@@ -515,7 +519,8 @@ def targets_table(summary: dict) -> str:
                 f"<= {entry['slo_p99_ms']:g} ms; < 5 ms | {over['admitted_p99_ms']:.1f} ms; "
                 f"{over['refused_p99_ms']:.1f} ms ({over['refused']} refused; from the client's send "
                 f"{over['refused_after_send_p99_ms']:.1f} ms, the client itself late by "
-                f"{over['client_late_p99_ms']:.1f} ms; "
+                f"{over['client_late_p99_ms']:.1f} ms, its write of a request taking up to "
+                f"{over.get('client_write_p99_ms', math.nan):.2f} ms; "
                 f"{cores_text(over['server_cores'], over['client_cores'], over['host_busy_pct'])}; "
                 f"the server's CPU {over['server_us_per_request']:.0f} us a request, "
                 f"{math.nan if target is None else target['server_us_per_request']:.0f} at "

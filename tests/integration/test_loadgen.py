@@ -36,6 +36,8 @@ def test_refusals_are_timed_from_when_they_were_due_and_from_when_they_were_sent
     assert len(result.ok_latency) == 0
     assert np.all(result.refused_after_send >= DELAY_S)
     assert np.all(result.refused_after_send <= result.refused_latency)  # sent at or after it was due
+    # the client reads an answer only after its own write of the request returned
+    assert 0.0 < result.client_write_p99_s <= float(result.refused_after_send.max())
     assert result.refused_after_send_p(0.5) == pytest.approx(
         float(np.median(result.refused_after_send)), rel=1e-9
     )

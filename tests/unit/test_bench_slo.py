@@ -132,6 +132,7 @@ def test_the_overload_target_says_who_used_the_cores_and_what_a_request_cost_the
             "refused_p99_ms": 10.3,
             "refused_after_send_p99_ms": 10.1,
             "client_late_p99_ms": 0.3,
+            "client_write_p99_ms": 0.02,
             "server_cores": 0.95,
             "client_cores": 0.99,
             "host_busy_pct": 97.0,
@@ -144,7 +145,10 @@ def test_the_overload_target_says_who_used_the_cores_and_what_a_request_cost_the
         }
     }
     shown = slo.targets_table(slo.targets(points, FOUND, LIGHT, overload))
-    assert "the client itself late by 0.3 ms; cores: server 0.95, client 0.99, machine busy 97 %;" in shown
+    assert (
+        "the client itself late by 0.3 ms, its write of a request taking up to 0.02 ms; cores: server 0.95, "
+        "client 0.99, machine busy 97 %;" in shown
+    )
     assert "; the server's CPU 55 us a request, 140 at 0.9 x R*;" in shown
 
 
