@@ -123,6 +123,7 @@ class _Connection(asyncio.Protocol):
         self.buffer = bytearray()
         self.scheduled = 0.0
         self.sent = 0.0  # when the client wrote the request (later than scheduled when it fell behind)
+        self.written = 0.0  # when its write returned (the kernel took the request, or the rest is buffered)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -132,7 +133,7 @@ class _Connection(asyncio.Protocol):
         self.sent = time.perf_counter()
         assert self.transport is not None
         self.transport.write(request)
-        self.generator.writes.append(time.perf_counter() - self.sent)
+        self.written = time.perf_counter()
 
     def data_received(self, data: bytes) -> None:
         buffer = self.buffer
@@ -151,7 +152,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.generator.lost(self)
 
-    def writing(self) -> bool:
+    def still_writing(self) -> bool:
         """Whether part of the request is still in the client's buffer, not yet taken by the kernel."""
         return self.transport is not None and self.transport.get_write_buffer_size() > 0
 
@@ -164,12 +165,12 @@ class _Generator:
         self.idle: list[_Connection] = []
         self.busy: set[_Connection] = set()
         self.writing: list[_Connection] = []  # answered while their request was still being written
-        self.records: list[tuple[float, float, float, int]] = []  # (scheduled, sent, answered, status)
+        # (scheduled, sent, written, answered, status)
+        self.records: list[tuple[float, float, float, float, int]] = []
         self.errors = 0
         self.overflow = 0
         self.opening = 0
         self.late: list[float] = []  # how late each request was sent, by the client's own fault
-        self.writes: list[float] = []  # how long writing each request took the client
 
     async def open(self) -> _Connection:
         _, connection = await self.loop.create_connection(lambda: _Connection(self), "127.0.0.1", self.port)
@@ -201,15 +202,16 @@ class _Generator:
         connection.send(self.request, scheduled)
 
     def answered(self, connection: _Connection, status: int) -> None:
-        self.records.append((connection.scheduled, connection.sent, time.perf_counter(), status))
+        done = time.perf_counter()
+        self.records.append((connection.scheduled, connection.sent, connection.written, done, status))
         self.busy.discard(connection)
-        (self.writing if connection.writing() else self.idle).append(connection)
+        (self.writing if connection.still_writing() else self.idle).append(connection)
 
     def _release_written(self) -> None:
         """Make the connections whose request is written by now idle."""
         still: list[_Connection] = []
         for connection in self.writing:
-            (still if connection.writing() else self.idle).append(connection)
+            (still if connection.still_writing() else self.idle).append(connection)
         self.writing = still
 
     def lost(self, connection: _Connection) -> None:
@@ -225,7 +227,7 @@ class _Generator:
         for connection in [*self.idle, *self.busy, *self.writing]:
             if connection.transport is None:
                 continue
-            if connection.writing():
+            if connection.still_writing():
                 connection.transport.abort()  # close() would wait for the rest to be written
             else:
                 connection.transport.close()
@@ -265,12 +267,12 @@ async def _step(
         1 for *_, done, status in generator.records if status == 200 and measured_from <= done <= measured_to
     )
     records = [record for record in generator.records if record[0] >= measured_from]
-    ok = np.array([done - due for due, _, done, status in records if status == 200])
-    refused = [(due, sent, done) for due, sent, done, status in records if status in REFUSED]
+    ok = np.array([done - due for due, _, _, done, status in records if status == 200])
+    refused = [(due, sent, done) for due, sent, _, done, status in records if status in REFUSED]
     errors = generator.errors + sum(1 for *_, status in records if status not in (200, *REFUSED))
     sent_count = sum(1 for offset in offsets if offset >= warmup_s)
     late_p99 = float(np.quantile(generator.late, 0.99)) if generator.late else 0.0
-    write_p99 = float(np.quantile(generator.writes, 0.99)) if generator.writes else 0.0
+    writes = np.array([written - sent for _, sent, written, _, _ in records])
     return StepResult(
         rate,
         seconds,
@@ -284,7 +286,7 @@ async def _step(
         late_p99,
         np.array([done - sent for _, sent, done in refused]),
         handled=len(generator.records),
-        client_write_p99_s=write_p99,
+        client_write_p99_s=_quantile(writes, 0.99),
     )
 
 

@@ -520,7 +520,7 @@ def targets_table(summary: dict) -> str:
                 f"{over['refused_p99_ms']:.1f} ms ({over['refused']} refused; from the client's send "
                 f"{over['refused_after_send_p99_ms']:.1f} ms, the client itself late by "
                 f"{over['client_late_p99_ms']:.1f} ms, its write of a request taking up to "
-                f"{over.get('client_write_p99_ms', math.nan):.2f} ms; "
+                f"{over['client_write_p99_ms']:.2f} ms; "
                 f"{cores_text(over['server_cores'], over['client_cores'], over['host_busy_pct'])}; "
                 f"the server's CPU {over['server_us_per_request']:.0f} us a request, "
                 f"{math.nan if target is None else target['server_us_per_request']:.0f} at "

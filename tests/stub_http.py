@@ -38,6 +38,10 @@ class _Stub(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
+        self._consume()
+
+    def _consume(self) -> None:
+        """Answer the requests in the buffer and drop their bodies, until reading pauses or it runs out."""
         while True:
             if self.body_left:
                 dropped = min(self.body_left, len(self.buffer))
@@ -63,7 +67,7 @@ class _Stub(asyncio.Protocol):
     def _read_on(self) -> None:
         if not self.transport.is_closing():
             self.transport.resume_reading()  # type: ignore[attr-defined]
-            self.data_received(b"")
+            self._consume()
 
     def _write(self, response: bytes) -> None:
         self.transport.write(response)  # type: ignore[attr-defined]
