@@ -1019,8 +1019,13 @@ def test_the_loop_lag_follows_a_blocked_loop_and_falls_back():
         await asyncio.sleep(0.02)
         quiet = lag.lag_s
         time.sleep(0.05)  # the loop is blocked, as by a long stretch of parsing
-        await asyncio.sleep(0.001)
-        busy = lag.lag_s
+        # read in every iteration after it: the overdue tick raises the lag in one, and the next tick on
+        # time lowers it again in a later one (a single read after a 1 ms sleep came after both once, on
+        # a busy machine, and read 36.6 ms: 45.7 x 0.8)
+        busy, unblocked = 0.0, time.monotonic()
+        while time.monotonic() - unblocked < 0.01:
+            await asyncio.sleep(0)
+            busy = max(busy, lag.lag_s)
         await asyncio.sleep(0.2)
         lag.stop()
         return quiet, busy, lag.lag_s
