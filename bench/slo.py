@@ -8,8 +8,9 @@
    for, derived from what the box does rather than written for one machine.
 2. Light load: the user's plain config (``max_batch_size: 32, batch_timeout_millis: 2``) plus the SLO, on
    ``tiny`` over JSON at concurrency 1, from ``FRESH_RUNS`` fresh server processes, against the bare
-   FastAPI endpoint; and ``cnn`` over JSON at concurrency 8 against in-process ONNX Runtime, measured
-   just before and just after it (``light_load``).
+   FastAPI endpoint (a pair of runs in which the host took more than ``STEAL_LIMIT_PCT`` % is run
+   again like a ramp step, below); and ``cnn`` over JSON at concurrency 8 against in-process ONNX
+   Runtime, measured just before and just after it (``light_load``).
 3. The ramp: one server holds each model under the plain SLO config and under every fixed
    configuration of ``FIXED`` (max batch x max wait, no SLO). Open-loop Poisson arrivals
    (bench/loadgen.py) at ``RAMP`` x the probe's capacity, ``--step-seconds`` each, until a configuration
@@ -32,14 +33,19 @@
 A step in which the load generator itself fell behind by more than the model's SLO (its ``client late``
 p99: it shares the machine, and a stall of the whole VM delays it as much as the server) measured the
 client, not the server: it is run again once, and the first is shown marked and left out of the
-targets. The second counts whatever it shows, so lateness the server causes is not excused twice.
+targets. The second counts whatever it shows: the server can make the client late (they share the
+cores), so lateness is not excused twice.
 
 Each step also shows the host's steal (``loadgen.steal_share``): the share of the machine's CPU time
 the hypervisor gave to other guests meanwhile, which tells a reader comparing runs from two machines,
 or two hours, whether the host was busy. A step in which it took more than ``STEAL_LIMIT_PCT`` % measured
-the host's other guests, and is run again once under the same rule: the first shown marked and left
-out of the targets, the second counted whatever it shows (steal the server cannot cause, so nothing
-it does is excused). Quiet, the host takes 0-2 % here; in the runs of 20261202-03 0-12 steps of about
+the host's other guests, and is run again, up to ``HOST_TRIES`` runs in all, each one not kept shown
+marked and left out of the targets; the last counts whatever it shows. Steal is the one thing the
+server cannot cause, so running again excuses nothing it does, and once was not enough: the host's
+busy spells last minutes, and in 20261203-083318 both runs of six of `tiny`'s ramp steps met 6-19 %,
+one of them (the SLO config at 2,071/s, 0.4 of the probe's capacity: 18.5 and 13.5 %, p99 7.65 and
+9.17 ms against an SLO of 8.2) ending the SLO config's ramp at 0.17 of R*. Quiet, the host takes 0-2 %
+here; in the runs of 20261202-03 0-12 steps of about
 a hundred took more than 5 %, up to 29 %, at random in the ramp, and one was enough to end a
 configuration's ramp: in 20261203-004853 the SLO config of `tiny` (SLO 21 ms) answered 2,986 of
 3,573 and 2,274 of 4,466 requests/s at p99 34 and 28 ms with the host taking 12.1 and 29.2 %, so it
@@ -90,6 +96,7 @@ FIXED = ((1, 0.0), (8, 0.0), (8, 2.0), (32, 2.0), (32, 8.0))  # (max_batch_size,
 RAMP = (0.2, 0.4, 0.6, 0.75, 0.85, 0.95, 1.05, 1.2, 1.4)  # x the probe's closed-loop capacity
 KEEPS_UP = 0.95  # answered share of the offered rate that counts as keeping up
 STEAL_LIMIT_PCT = 5.0  # of the machine's CPU time taken by the hypervisor: above it, a step is run again
+HOST_TRIES = 3  # runs of a step in all while the hypervisor takes over STEAL_LIMIT_PCT % (the client: 2)
 TARGET_SHARE = 0.9  # of R*: up to where the SLO config must hold its SLO (issue 12's target)
 MODELS = ("tiny", "cnn")
 INPROCESS_S = 2.0  # each in-process measurement beside the server's cnn c=8 run (``light_load``)
@@ -189,6 +196,37 @@ def probe(paths: dict[str, Path]) -> dict[str, dict[str, float]]:
     return found
 
 
+def c1_run(server: run.Process, seconds: float) -> dict[str, float]:
+    """``tiny`` over JSON at concurrency 1: the p50, and beside it the server's CPU time a request and the
+    host's steal over the run. On this host a process's c=1 p50 reads either of two levels, and in the
+    slow one the same requests took the server about 1.5 times the CPU time (`tiny` on 20261203, fresh
+    servers, two-second runs: 400-441 us a request at p50 0.63-0.67 ms, against 269 at 0.26 ms), which
+    says that the host's state, not the request path, set it."""
+    ticks, cpu_s = loadgen.cpu_times(), server.cpu_s()
+    result = run.wrk(server.port, "/v2/models/tiny/infer", run.json_body("tiny"), 1, seconds, False)
+    used_s, steal = server.cpu_s() - cpu_s, loadgen.steal_share(ticks, loadgen.cpu_times())
+    return {
+        "p50_ms": result["p50_us"] / 1000,
+        "us_per_request": round(used_s / result["requests"] * 1e6, 1) if result["requests"] else math.nan,
+        "host_steal_pct": round(steal * 100, 1),
+    }
+
+
+def c1_pair(path: Path, slo_ms: float, fastapi: run.Process, seconds: float, name: str) -> dict:
+    """``c1_run`` on a fresh server with the plain config, then on the FastAPI endpoint, and the ratio."""
+    server = start({"tiny": plain(path, slo_ms)}, name)
+    try:
+        ours = c1_run(server, seconds)
+    finally:
+        server.stop()
+    theirs = c1_run(fastapi, seconds)
+    return (
+        {"ratio": round(ours["p50_ms"] / theirs["p50_ms"], 3)}
+        | {f"edgeinfer_{key}": value for key, value in ours.items()}
+        | {f"fastapi_{key}": value for key, value in theirs.items()}
+    )
+
+
 def light_load(paths: dict[str, Path], slos: dict[str, float], seconds: float) -> dict:
     """c=1 on tiny from fresh processes against FastAPI, and cnn JSON c=8, all with the plain config.
     In-process ONNX Runtime is measured just before and just after the server's c=8 run, and the ratio
@@ -201,18 +239,25 @@ def light_load(paths: dict[str, Path], slos: dict[str, float], seconds: float) -
         [sys.executable, str(HERE / "baseline_fastapi.py"), str(port), "1", f"tiny={paths['tiny']}"],
         port,
     )
-    ratios = []
+    ratios, repeated = [], []
     try:
         for attempt in range(FRESH_RUNS):
-            server = start({"tiny": plain(paths["tiny"], slos["tiny"])}, f"slo-fresh-{attempt}")
-            try:
-                ours, _ = wrk_p50_and_rate(server, "tiny", 1, seconds)
-            finally:
-                server.stop()
-            theirs, _ = wrk_p50_and_rate(fastapi, "tiny", 1, seconds)
-            ratio = round(ours / theirs, 3)
-            ratios.append({"edgeinfer_p50_ms": ours, "fastapi_p50_ms": theirs, "ratio": ratio})
-            print(f"tiny JSON c=1, fresh process {attempt + 1}: {ours:.3f} ms vs FastAPI {theirs:.3f} ms")
+            for runs in range(1, HOST_TRIES + 1):
+                entry = c1_pair(paths["tiny"], slos["tiny"], fastapi, seconds, f"slo-fresh-{attempt}")
+                took = max(entry["edgeinfer_host_steal_pct"], entry["fastapi_host_steal_pct"])
+                print(
+                    f"tiny JSON c=1, fresh process {attempt + 1}: {entry['edgeinfer_p50_ms']:.3f} ms vs "
+                    f"FastAPI {entry['fastapi_p50_ms']:.3f} ms (the server's CPU "
+                    f"{entry['edgeinfer_us_per_request']:.0f} vs {entry['fastapi_us_per_request']:.0f} us "
+                    f"a request, host steal {entry['edgeinfer_host_steal_pct']:g} % and "
+                    f"{entry['fastapi_host_steal_pct']:g} %)",
+                    flush=True,
+                )
+                if not host_took(took) or runs == HOST_TRIES:
+                    ratios.append(entry)
+                    break
+                repeated.append(entry)
+                print(f"  (the host took {took:g} % of the CPU: that run measured it; once more)", flush=True)
     finally:
         fastapi.stop()
     server = start({"cnn": plain(paths["cnn"], slos["cnn"])}, "slo-cnn-c8")
@@ -230,6 +275,7 @@ def light_load(paths: dict[str, Path], slos: dict[str, float], seconds: float) -
     )
     return {
         "tiny_c1": ratios,
+        "tiny_c1_repeated": repeated,  # runs in which the host took over STEAL_LIMIT_PCT %: run again
         "cnn_c8_images_per_s": rate,
         "cnn_inprocess_images_per_s": inprocess,
         "cnn_inprocess_before_after": [round(before, 1), round(after, 1)],
@@ -348,27 +394,42 @@ def measure_step(
     slo_ms: float,
     shown: list[RampPoint],
 ) -> RampPoint:
-    """One step; run again once if it measured something other than the server (``mark_disturbed``;
-    the module's docstring), the first then added to ``shown``, marked."""
+    """One step, run again while it measured something other than the server (``mark_disturbed``; the
+    module's docstring): once more if the client fell behind, up to ``HOST_TRIES`` runs in all while
+    the host took the CPU. Each run not kept is added to ``shown``, marked; the last counts whatever it
+    shows."""
     point = _step(server, model, name, request, rate, seconds, slo_ms)
-    if not mark_disturbed(point, slo_ms):
-        return point
-    shown.append(point)
-    if point.client_behind:
-        what = "the client fell behind by more than the SLO"
-    else:
-        what = f"the host took {point.host_steal_pct:g} % of the CPU"
-    print(f"  ({what}: that step measured it; once more)", flush=True)
-    return _step(server, model, name, request, rate, seconds, slo_ms)
+    for runs in range(1, HOST_TRIES):
+        client_behind, host_took = disturbed_by(point, slo_ms)
+        if not (host_took or (client_behind and runs == 1)):
+            break
+        mark_disturbed(point, slo_ms)
+        shown.append(point)
+        if client_behind:
+            what = "the client fell behind by more than the SLO"
+        else:
+            what = f"the host took {point.host_steal_pct:g} % of the CPU"
+        print(f"  ({what}: that step measured it; once more)", flush=True)
+        point = _step(server, model, name, request, rate, seconds, slo_ms)
+    return point
 
 
 def mark_disturbed(point: RampPoint, slo_ms: float) -> bool:
-    """Mark whether a step measured the client or the host rather than the server (the client fell
-    behind by more than the SLO; the hypervisor took more than ``STEAL_LIMIT_PCT`` % of the machine,
-    never where the kernel does not count it: NaN), and return whether it did."""
-    point.client_behind = point.client_late_p99_ms > slo_ms
-    point.host_took = point.host_steal_pct > STEAL_LIMIT_PCT
+    """Mark a step with ``disturbed_by``'s two answers, and return whether it measured the client or
+    the host rather than the server."""
+    point.client_behind, point.host_took = disturbed_by(point, slo_ms)
     return point.repeated()
+
+
+def disturbed_by(point: RampPoint, slo_ms: float) -> tuple[bool, bool]:
+    """(whether the client fell behind by more than the SLO, ``host_took``)."""
+    return point.client_late_p99_ms > slo_ms, host_took(point.host_steal_pct)
+
+
+def host_took(steal_pct: float) -> bool:
+    """Whether a run measured the host's other guests: the hypervisor took more than
+    ``STEAL_LIMIT_PCT`` % of the machine's CPU time (never where the kernel does not count it: NaN)."""
+    return steal_pct > STEAL_LIMIT_PCT
 
 
 def _step(
@@ -422,6 +483,7 @@ def targets(points: list[RampPoint], found: dict, light: dict, overload: dict) -
     worst = max(light["tiny_c1"], key=lambda run_: run_["ratio"])
     summary["tiny_json_c1_p50_vs_fastapi_worst_of_3"] = worst["ratio"]
     summary["tiny_json_c1_p50_vs_fastapi_runs"] = [run_["ratio"] for run_ in light["tiny_c1"]]
+    summary["tiny_json_c1_runs_the_host_disturbed"] = len(light.get("tiny_c1_repeated", []))
     summary["cnn_json_c8_vs_inprocess"] = round(
         light["cnn_c8_images_per_s"] / light["cnn_inprocess_images_per_s"], 3
     )
@@ -482,6 +544,8 @@ def share(part: float, whole: float, places: int = 3) -> float:
 def targets_table(summary: dict) -> str:
     lines = ["| target | wanted | measured |", "|---|---|---|"]
     runs = ", ".join(f"{value:.2f}" for value in summary["tiny_json_c1_p50_vs_fastapi_runs"])
+    if disturbed := summary.get("tiny_json_c1_runs_the_host_disturbed"):
+        runs += f"; {disturbed} more run again, the host taking over {STEAL_LIMIT_PCT:g} % of the CPU"
     lines.append(
         f"| tiny JSON c=1 p50 / FastAPI p50, worst of {FRESH_RUNS} fresh processes | <= 0.60 | "
         f"{summary['tiny_json_c1_p50_vs_fastapi_worst_of_3']:.2f} ({runs}) |"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from bench import slo
 
 FOUND = {"tiny": {"slo_ms": 4.0}, "cnn": {"slo_ms": 300.0}}
@@ -32,6 +34,10 @@ def test_a_step_the_client_fell_behind_in_is_shown_and_not_counted():
     assert summary["cnn"]["configs"]["slo"]["holds_slo_up_to"] == 2000.0
     shown = slo.targets_table(summary)  # the ratio against the mean of the in-process runs beside it
     assert "| 0.90 (9.0 images/s; in-process 9.0 just before, 11.0 just after) |" in shown
+    assert "| <= 0.60 | 0.50 (0.50) |" in shown
+    # c=1 runs the host disturbed were run again: the table says how many
+    disturbed = slo.targets_table(slo.targets(points, FOUND, LIGHT | {"tiny_c1_repeated": [{}, {}]}, {}))
+    assert "| <= 0.60 | 0.50 (0.50; 2 more run again, the host taking over 5 % of the CPU) |" in disturbed
     table = slo.points_table(points)
     assert table.count("slo (client behind, repeated)") == 2
 
@@ -70,6 +76,39 @@ def test_a_step_is_repeated_when_the_client_fell_behind_or_the_host_took_over_th
             behind,
             took,
         )
+
+
+def test_a_step_runs_again_while_the_host_takes_the_cpu_and_once_when_the_client_fell_behind(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    over = slo.STEAL_LIMIT_PCT + 1
+    cases = [  # (each run's (client late p99 ms, host steal %), runs made, the kept run); SLO 4 ms
+        ([(0.5, 0.0)], 1, 0),
+        ([(0.5, over), (0.5, 0.0)], 2, 1),
+        ([(0.5, over), (0.5, over), (0.5, 0.0)], 3, 2),
+        ([(0.5, over), (0.5, over), (0.5, over)], 3, 2),  # HOST_TRIES: the last counts as it is
+        ([(9.0, 0.0), (9.0, 0.0)], 2, 1),  # the client behind: once more, then counted
+        ([(9.0, 0.0), (9.0, over), (0.5, 0.0)], 3, 2),  # behind, then the host: again
+        ([(0.5, over), (9.0, 0.0)], 2, 1),  # the host, then the client behind: counted
+    ]
+    assert slo.HOST_TRIES == 3
+    for runs, made, kept in cases:
+        made_points = []
+
+        def run_step(*_: object, runs: list = runs, made_points: list = made_points) -> slo.RampPoint:
+            late_ms, steal_pct = runs[len(made_points)]
+            point = step("tiny", "slo", 1000.0, 2.0, host_steal_pct=steal_pct)
+            point.client_late_p99_ms = late_ms
+            made_points.append(point)
+            return point
+
+        monkeypatch.setattr(slo, "_step", run_step)
+        shown: list[slo.RampPoint] = []
+        counted = slo.measure_step(None, "tiny", "tiny_slo", b"", 1000.0, 1.0, 4.0, shown)  # type: ignore[arg-type]
+        kept_at = [point is counted for point in made_points].index(True)
+        assert (len(made_points), kept_at, counted.repeated()) == (made, kept, False), runs
+        assert [p.repeated() for p in shown] == [True] * kept, runs
+        assert all(a is b for a, b in zip(shown, made_points[:kept], strict=True)), runs
 
 
 def test_host_steal_is_the_hypervisors_share_of_the_machines_cpu_time_over_the_step():
