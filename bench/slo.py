@@ -405,11 +405,9 @@ def measure_step(
             break
         mark_disturbed(point, slo_ms)
         shown.append(point)
-        if client_behind:
-            what = "the client fell behind by more than the SLO"
-        else:
-            what = f"the host took {point.host_steal_pct:g} % of the CPU"
-        print(f"  ({what}: that step measured it; once more)", flush=True)
+        what = [f"the host took {point.host_steal_pct:g} % of the CPU"] if host_took else []
+        what += ["the client fell behind by more than the SLO"] if client_behind else []
+        print(f"  ({' and '.join(what)}: that step measured it; once more)", flush=True)
         point = _step(server, model, name, request, rate, seconds, slo_ms)
     return point
 
