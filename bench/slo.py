@@ -42,7 +42,7 @@ or two hours, whether the host was busy. A step in which it took more than ``STE
 the host's other guests, and is run again, up to ``HOST_TRIES`` runs in all, each one not kept shown
 marked and left out of the targets; the last counts whatever it shows. Steal is the one thing the
 server cannot cause, so running again excuses nothing it does, and once was not enough: the host's
-busy spells last minutes, and in 20261203-083318 both runs of six of `tiny`'s ramp steps met 6-19 %,
+busy spells last minutes, and in 20261203-083318 both runs of twelve of `tiny`'s ramp steps met 5.2-24.9 %,
 one of them (the SLO config at 2,071/s, 0.4 of the probe's capacity: 18.5 and 13.5 %, p99 7.65 and
 9.17 ms against an SLO of 8.2) ending the SLO config's ramp at 0.17 of R*. Quiet, the host takes 0-2 %
 here; in the runs of 20261202-03 0-12 steps of about
