@@ -25,6 +25,8 @@ count the server reading and dropping that body (`cnn`'s 1.6 MB JSON images).
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -233,6 +235,77 @@ class _Generator:
                 connection.transport.close()
 
 
+class _TimerSpec(ctypes.Structure):
+    _fields_ = [  # struct itimerspec: it_interval, then it_value (each a timespec: seconds, nanoseconds)
+        ("interval_s", ctypes.c_long),
+        ("interval_ns", ctypes.c_long),
+        ("value_s", ctypes.c_long),
+        ("value_ns", ctypes.c_long),
+    ]
+
+
+class _Timer:
+    """Wakes the event loop at a time to the microsecond: a Linux ``timerfd`` the loop watches.
+
+    Why not ``asyncio.sleep``: the loop's own timers count whole milliseconds. Under uvloop a sleep of
+    less than half a millisecond returns at once (6 us) and one of 0.6 ms takes 1.35 ms (2,000 of each,
+    measured), so a generator that slept until its next send spun a core whenever sends were under
+    half a millisecond apart (the load it was measuring runs on the same cores) and sent up to a
+    millisecond late when they were further apart (a latency counted against the server).
+
+    A wake is late too, by the kernel and the hypervisor (a vCPU that went idle; 50-90 us at p50 here),
+    and a send made late by it would go out with the next ones due, in a burst a Poisson process does
+    not have. So the timer is set that much early (a running 90th percentile of how late its wakes
+    came), and the rest of the wait is passes of the loop, which read the answers meanwhile: the
+    generator polls for the tail of each wait only, and at rates whose gaps are shorter than that, it
+    polls throughout, as it must to send on time."""
+
+    _CLOCK_MONOTONIC, _TFD_NONBLOCK, _TFD_CLOEXEC, _TFD_TIMER_ABSTIME = 1, 0o4000, 0o2000000, 1
+    _PR_SET_TIMERSLACK = 29
+
+    def __init__(self) -> None:
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._fd = self._libc.timerfd_create(self._CLOCK_MONOTONIC, self._TFD_NONBLOCK | self._TFD_CLOEXEC)
+        if self._fd < 0:
+            raise OSError(ctypes.get_errno(), "timerfd_create failed")
+        self._libc.prctl(self._PR_SET_TIMERSLACK, 1, 0, 0, 0)  # this thread's timers: no 50 us slack
+        self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None
+        self._loop.add_reader(self._fd, self._fired)
+        self.late_s = 100e-6  # how late the timer's wakes came: a running 90th percentile
+
+    async def until(self, when: float) -> None:
+        """Return at ``when`` (``time.perf_counter``'s clock), or at once if it has passed."""
+        wake = when - self.late_s
+        if wake > time.perf_counter():
+            await self._sleep(wake)
+            late = time.perf_counter() - wake  # 1.25 up, 1.25^(-1/9) down: settles where 10 % are above
+            self.late_s *= 1.25 if late > self.late_s else 1.25 ** (-1 / 9)
+        while time.perf_counter() < when:
+            await asyncio.sleep(0)  # one pass of the loop, reading what came
+
+    async def _sleep(self, until: float) -> None:
+        at = time.clock_gettime(time.CLOCK_MONOTONIC) + until - time.perf_counter()  # (its own clock)
+        seconds = int(at)
+        spec = _TimerSpec(0, 0, seconds, max(1, int((at - seconds) * 1e9)))  # 0 would disarm it
+        if self._libc.timerfd_settime(self._fd, self._TFD_TIMER_ABSTIME, ctypes.byref(spec), None) < 0:
+            raise OSError(ctypes.get_errno(), "timerfd_settime failed")
+        self._waiter = self._loop.create_future()
+        await self._waiter
+
+    def _fired(self) -> None:
+        try:
+            os.read(self._fd, 8)
+        except BlockingIOError:  # (a wake with nothing to read: the timer was set again meanwhile)
+            return
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def close(self) -> None:
+        self._loop.remove_reader(self._fd)
+        os.close(self._fd)
+
+
 async def _step(
     port: int, request: bytes, rate: float, seconds: float, seed: int, drain_s: float, warmup_s: float
 ) -> StepResult:
@@ -247,13 +320,17 @@ async def _step(
     ]
     start = time.perf_counter() + 0.01
     index = 0
-    while index < len(offsets):
-        now = time.perf_counter() - start
-        while index < len(offsets) and offsets[index] <= now:
-            generator.send(start + offsets[index])
-            index += 1
-        if index < len(offsets):
-            await asyncio.sleep(max(0.0, offsets[index] - (time.perf_counter() - start)))
+    timer = _Timer()
+    try:
+        while index < len(offsets):
+            now = time.perf_counter() - start
+            while index < len(offsets) and offsets[index] <= now:
+                generator.send(start + offsets[index])
+                index += 1
+            if index < len(offsets):
+                await timer.until(start + offsets[index])
+    finally:
+        timer.close()
     deadline = time.perf_counter() + drain_s
     while generator.busy or generator.opening:
         if time.perf_counter() > deadline:

@@ -64,3 +64,30 @@ def test_a_connection_refused_before_its_body_was_written_is_not_reused_until_it
     assert len(result.refused_latency) == 8
     assert result.errors == result.unanswered == 0
     assert float(result.refused_latency.max()) < DROP_AFTER_S / 4
+
+
+def test_the_timer_returns_at_its_time_never_before_and_sleeps_through_a_long_wait():
+    """``_Timer.until``: uvloop's own timers count milliseconds (a sleep of under half a millisecond
+    returns at once), so the load generator waits on a timerfd, and polls only for the last part."""
+    import time
+
+    import uvloop
+
+    async def waits() -> tuple[list[float], float, float]:
+        timer = loadgen._Timer()
+        try:
+            early = []
+            for delay in (0.0001, 0.0003, 0.0007, 0.002) * 5:
+                when = time.perf_counter() + delay
+                await timer.until(when)
+                early.append(when - time.perf_counter())
+            cpu_s, started = time.process_time(), time.perf_counter()
+            await timer.until(started + 0.05)
+            return early, time.process_time() - cpu_s, time.perf_counter() - started
+        finally:
+            timer.close()
+
+    early, cpu_s, wall_s = uvloop.run(waits())
+    assert max(early) <= 0  # none came back before its time
+    assert wall_s >= 0.05
+    assert cpu_s < 0.5 * wall_s  # slept: polling all of it takes about as much CPU as time
