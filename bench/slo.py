@@ -482,6 +482,10 @@ def targets(points: list[RampPoint], found: dict, light: dict, overload: dict) -
     summary["tiny_json_c1_p50_vs_fastapi_worst_of_3"] = worst["ratio"]
     summary["tiny_json_c1_p50_vs_fastapi_runs"] = [run_["ratio"] for run_ in light["tiny_c1"]]
     summary["tiny_json_c1_runs_the_host_disturbed"] = len(light.get("tiny_c1_repeated", []))
+    summary["tiny_json_c1_counted_though_disturbed"] = [  # the last of HOST_TRIES, counted as it is
+        host_took(max(run_.get("edgeinfer_host_steal_pct", 0.0), run_.get("fastapi_host_steal_pct", 0.0)))
+        for run_ in light["tiny_c1"]
+    ]
     summary["cnn_json_c8_vs_inprocess"] = round(
         light["cnn_c8_images_per_s"] / light["cnn_inprocess_images_per_s"], 3
     )
@@ -541,9 +545,15 @@ def share(part: float, whole: float, places: int = 3) -> float:
 
 def targets_table(summary: dict) -> str:
     lines = ["| target | wanted | measured |", "|---|---|---|"]
-    runs = ", ".join(f"{value:.2f}" for value in summary["tiny_json_c1_p50_vs_fastapi_runs"])
+    disturbed_still = summary["tiny_json_c1_counted_though_disturbed"]
+    runs = ", ".join(
+        f"{value:.2f}{'*' if still else ''}"
+        for value, still in zip(summary["tiny_json_c1_p50_vs_fastapi_runs"], disturbed_still, strict=True)
+    )
     if disturbed := summary.get("tiny_json_c1_runs_the_host_disturbed"):
         runs += f"; {disturbed} more run again, the host taking over {STEAL_LIMIT_PCT:g} % of the CPU"
+    if any(disturbed_still):
+        runs += f"; * its last run still met over {STEAL_LIMIT_PCT:g} %"
     lines.append(
         f"| tiny JSON c=1 p50 / FastAPI p50, worst of {FRESH_RUNS} fresh processes | <= 0.60 | "
         f"{summary['tiny_json_c1_p50_vs_fastapi_worst_of_3']:.2f} ({runs}) |"
