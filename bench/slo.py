@@ -227,6 +227,11 @@ def c1_pair(path: Path, slo_ms: float, fastapi: run.Process, seconds: float, nam
     )
 
 
+def c1_steal_pct(entry: dict) -> float:
+    """The host's steal over a ``c1_pair``: the larger of its two runs' (either can be disturbed)."""
+    return max(entry.get("edgeinfer_host_steal_pct", 0.0), entry.get("fastapi_host_steal_pct", 0.0))
+
+
 def light_load(paths: dict[str, Path], slos: dict[str, float], seconds: float) -> dict:
     """c=1 on tiny from fresh processes against FastAPI, and cnn JSON c=8, all with the plain config.
     In-process ONNX Runtime is measured just before and just after the server's c=8 run, and the ratio
@@ -244,7 +249,6 @@ def light_load(paths: dict[str, Path], slos: dict[str, float], seconds: float) -
         for attempt in range(FRESH_RUNS):
             for runs in range(1, HOST_TRIES + 1):
                 entry = c1_pair(paths["tiny"], slos["tiny"], fastapi, seconds, f"slo-fresh-{attempt}")
-                took = max(entry["edgeinfer_host_steal_pct"], entry["fastapi_host_steal_pct"])
                 print(
                     f"tiny JSON c=1, fresh process {attempt + 1}: {entry['edgeinfer_p50_ms']:.3f} ms vs "
                     f"FastAPI {entry['fastapi_p50_ms']:.3f} ms (the server's CPU "
@@ -253,6 +257,7 @@ def light_load(paths: dict[str, Path], slos: dict[str, float], seconds: float) -
                     f"{entry['fastapi_host_steal_pct']:g} %)",
                     flush=True,
                 )
+                took = c1_steal_pct(entry)
                 if not host_took(took) or runs == HOST_TRIES:
                     ratios.append(entry)
                     break
@@ -400,13 +405,13 @@ def measure_step(
     shows."""
     point = _step(server, model, name, request, rate, seconds, slo_ms)
     for runs in range(1, HOST_TRIES):
-        client_behind, host_took = disturbed_by(point, slo_ms)
-        if not (host_took or (client_behind and runs == 1)):
+        behind, took = disturbed_by(point, slo_ms)
+        if not (took or (behind and runs == 1)):
             break
         mark_disturbed(point, slo_ms)
         shown.append(point)
-        what = [f"the host took {point.host_steal_pct:g} % of the CPU"] if host_took else []
-        what += ["the client fell behind by more than the SLO"] if client_behind else []
+        what = [f"the host took {point.host_steal_pct:g} % of the CPU"] if took else []
+        what += ["the client fell behind by more than the SLO"] if behind else []
         print(f"  ({' and '.join(what)}: that step measured it; once more)", flush=True)
         point = _step(server, model, name, request, rate, seconds, slo_ms)
     return point
@@ -483,8 +488,7 @@ def targets(points: list[RampPoint], found: dict, light: dict, overload: dict) -
     summary["tiny_json_c1_p50_vs_fastapi_runs"] = [run_["ratio"] for run_ in light["tiny_c1"]]
     summary["tiny_json_c1_runs_the_host_disturbed"] = len(light.get("tiny_c1_repeated", []))
     summary["tiny_json_c1_counted_though_disturbed"] = [  # the last of HOST_TRIES, counted as it is
-        host_took(max(run_.get("edgeinfer_host_steal_pct", 0.0), run_.get("fastapi_host_steal_pct", 0.0)))
-        for run_ in light["tiny_c1"]
+        host_took(c1_steal_pct(run_)) for run_ in light["tiny_c1"]
     ]
     summary["cnn_json_c8_vs_inprocess"] = round(
         light["cnn_c8_images_per_s"] / light["cnn_inprocess_images_per_s"], 3
@@ -550,7 +554,7 @@ def targets_table(summary: dict) -> str:
         f"{value:.2f}{'*' if still else ''}"
         for value, still in zip(summary["tiny_json_c1_p50_vs_fastapi_runs"], disturbed_still, strict=True)
     )
-    if disturbed := summary.get("tiny_json_c1_runs_the_host_disturbed"):
+    if disturbed := summary["tiny_json_c1_runs_the_host_disturbed"]:
         runs += f"; {disturbed} more run again, the host taking over {STEAL_LIMIT_PCT:g} % of the CPU"
     if any(disturbed_still):
         runs += f"; * its last run still met over {STEAL_LIMIT_PCT:g} %"
