@@ -66,28 +66,27 @@ def test_a_connection_refused_before_its_body_was_written_is_not_reused_until_it
     assert float(result.refused_latency.max()) < DROP_AFTER_S / 4
 
 
-def test_the_timer_returns_at_its_time_never_before_and_sleeps_through_a_long_wait():
-    """``_Timer.until``: uvloop's own timers count milliseconds (a sleep of under half a millisecond
-    returns at once), so the load generator waits on a timerfd, and polls only for the last part."""
-    import time
+def test_requests_go_out_at_their_time_never_before_and_the_client_sleeps_between_them(refuser: int):
+    """The engine waits for each request's time without spinning a core (the cores it has are the
+    server's too), and sends none before it is due."""
+    request = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    result = loadgen.run_step(refuser, request, 20.0, 1.0, drain_s=1.0, warmup_s=0.0)
+    assert result.sent == len(result.refused_latency) == 20
+    sent_after_due = result.refused_latency - result.refused_after_send
+    assert np.all(sent_after_due >= 0)
+    assert result.client_cores < 0.25  # slept through the 50 ms gaps: polling them takes a whole core
 
-    import uvloop
 
-    async def waits() -> tuple[list[float], float, float]:
-        timer = loadgen._Timer()
-        try:
-            early = []
-            for delay in (0.0001, 0.0003, 0.0007, 0.002) * 5:
-                when = time.perf_counter() + delay
-                await timer.until(when)
-                early.append(when - time.perf_counter())
-            cpu_s, started = time.process_time(), time.perf_counter()
-            await timer.until(started + 0.05)
-            return early, time.process_time() - cpu_s, time.perf_counter() - started
-        finally:
-            timer.close()
-
-    early, cpu_s, wall_s = uvloop.run(waits())
-    assert max(early) <= 0  # none came back before its time
-    assert wall_s >= 0.05
-    assert cpu_s < 0.5 * wall_s  # slept: polling all of it takes about as much CPU as time
+def test_the_engine_is_built_again_when_its_source_changes(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    source = tmp_path / "openloop.c"
+    source.write_bytes(loadgen.ENGINE_SOURCE.read_bytes())
+    monkeypatch.setattr(loadgen, "ENGINE_SOURCE", source)
+    monkeypatch.setattr(loadgen, "BUILT", tmp_path / "built")
+    first = loadgen.engine()
+    assert loadgen.engine() == first  # built once
+    source.write_bytes(source.read_bytes() + b"\n/* edited */\n")
+    edited = loadgen.engine()
+    assert edited != first
+    assert os.access(first, os.X_OK)
+    assert os.access(edited, os.X_OK)
+    assert sorted(path.name for path in (tmp_path / "built").iterdir()) == sorted([first.name, edited.name])
