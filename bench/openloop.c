@@ -340,7 +340,9 @@ static struct timespec span(double seconds) {
     return (struct timespec){.tv_sec = whole, .tv_nsec = (long)((seconds - (double)whole) * 1e9)};
 }
 
-/* Return at ``due`` (never before), reading answers meanwhile. */
+/* Return at ``due`` (never before), reading answers meanwhile: at least once, even when it is past (a
+ * client that fell behind and only sent until it caught up would read no answer, reuse no connection,
+ * and open new ones, as costly to the server as to itself). */
 static void wait_until(double due) {
     double wake = due - late_est;
     double t = now();
@@ -355,7 +357,8 @@ static void wait_until(double due) {
         }
     }
     struct timespec zero = {0, 0};
-    while (now() < due) poll_events(&zero);
+    do poll_events(&zero);
+    while (now() < due);
 }
 
 int main(int argc, char **argv) {
