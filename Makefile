@@ -84,6 +84,9 @@ bench: $(STAMP)
 	@command -v wrk >/dev/null && command -v h2load >/dev/null || { \
 		echo "installing the load generators wrk and h2load (Debian packages)"; \
 		apt-get update -qq && apt-get install -y -qq wrk nghttp2-client >/dev/null; }
+	@command -v $${CC:-cc} >/dev/null || { \
+		echo "installing a C compiler for the open-loop load generator, bench/openloop.c (Debian's gcc)"; \
+		apt-get update -qq && apt-get install -y -qq gcc >/dev/null; }
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/footprint.py
 	$(BIN)/python bench/runtimes.py

@@ -138,7 +138,13 @@ def engine() -> Path:
         partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         compiler = os.environ.get("CC", "cc")
         flags = ["-O2", "-Wall", "-Wextra", "-Werror"]
-        subprocess.run([compiler, *flags, "-o", str(partial), str(ENGINE_SOURCE)], check=True)
+        try:
+            subprocess.run([compiler, *flags, "-o", str(partial), str(ENGINE_SOURCE)], check=True)
+        except FileNotFoundError:
+            raise RuntimeError(
+                f"the load generator ({ENGINE_SOURCE.name}) is built with a C compiler: {compiler} was not "
+                "found (set CC, or install one: `make bench` installs Debian's gcc)"
+            ) from None
         partial.replace(path)
     return path
 

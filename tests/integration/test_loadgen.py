@@ -90,3 +90,10 @@ def test_the_engine_is_built_again_when_its_source_changes(tmp_path, monkeypatch
     assert os.access(first, os.X_OK)
     assert os.access(edited, os.X_OK)
     assert sorted(path.name for path in (tmp_path / "built").iterdir()) == sorted([first.name, edited.name])
+
+
+def test_without_a_c_compiler_the_engine_says_what_it_needs(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(loadgen, "BUILT", tmp_path / "built")
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(RuntimeError, match=r"built with a C compiler: .*no-such-compiler was not found"):
+        loadgen.engine()
