@@ -25,6 +25,66 @@ def test_flat_and_nested_data_give_the_same_array():
     assert flat.inputs["x"].dtype == np.int32
 
 
+FLOAT_DATA = [
+    [0.1, -2.5, 3.0, 1e-40],  # a float32 subnormal
+    [1e300, -1e300, 3.4028235e38, 3.5e38],  # beyond float32's range: inf, as a cast anywhere
+    [-0.0, float("inf"), float("nan"), 0.0],
+    [1, 2, 3, 16777217],  # integers (2**24 + 1 rounds in float32)
+    [2**63, 2**64 - 1, 5, 6],  # the largest integers orjson gives as integers
+    [-(2**63), 7, 8, 9],
+    [1.5, True, False, 2],  # numbers and booleans after one: numpy makes numbers of them too
+]
+BAD_DATA = [
+    [True, False, True, True],  # booleans are not numbers
+    [1.0, 2.0, "3", 4.0],
+    [1.0, None, 3.0, 4.0],
+    [1.0, [2.0], 3.0, 4.0],
+    [1.0, {"a": 1}, 3.0, 4.0],
+]
+
+
+def _general(data: list, datatype: str) -> np.ndarray | str:
+    """What the general path (numpy's kind check and cast) makes of ``data``, or its refusal."""
+    try:
+        return json_codec._numbers(data, json_codec.numpy_dtype(datatype), datatype)
+    except (ValueError, TypeError, OverflowError) as exc:
+        return f"input 'x': data does not fit datatype {datatype}: {exc}"
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+@pytest.mark.parametrize("data", FLOAT_DATA, ids=repr)
+def test_flat_floats_are_the_arrays_the_general_path_makes(data: list, datatype: str):
+    fast = json_codec._flat_floats(data, datatype)
+    assert fast is not None  # taken by the one-call conversion
+    general = _general(data, datatype)
+    assert isinstance(general, np.ndarray)
+    assert fast.dtype == general.dtype
+    np.testing.assert_array_equal(fast, general)  # nan equal to nan, inf to inf
+    assert np.signbit(fast).tolist() == np.signbit(general).tolist()  # -0.0 stays negative
+    decoded = json_codec.json_to_array("x", datatype, (2, 2), data)
+    assert decoded.shape == (2, 2)
+    assert decoded.flags.c_contiguous
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+@pytest.mark.parametrize("data", BAD_DATA, ids=repr)
+def test_what_flat_floats_does_not_take_is_refused_as_before(data: list, datatype: str):
+    assert json_codec._flat_floats(data, datatype) is None
+    general = _general(data, datatype)
+    assert isinstance(general, str)
+    with pytest.raises(InvalidInput) as raised:
+        json_codec.json_to_array("x", datatype, (4,), data)
+    assert str(raised.value) == general
+
+
+def test_flat_floats_leaves_other_datatypes_and_a_first_boolean_to_the_general_path():
+    assert all(json_codec._flat_floats([1.0, 2.0], name) is None for name in ("FP16", "INT32", "BYTES"))
+    assert json_codec._flat_floats([], "FP32") is None
+    data = [True, 1.5, 2.0, 3.0]  # numbers after all: the general path takes them
+    assert json_codec._flat_floats(data, "FP32") is None
+    np.testing.assert_array_equal(json_codec.json_to_array("x", "FP32", (4,), data), _general(data, "FP32"))
+
+
 def test_request_fields_are_kept():
     request = decode_request(
         body(
