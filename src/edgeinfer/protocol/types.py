@@ -43,27 +43,71 @@ class RequestedOutput:
     parameters: Parameters = field(default_factory=dict)
 
 
-@dataclass(slots=True)
 class InferRequest:
-    """A decoded inference request. ``outputs`` is None when the client asked for every output."""
+    """A decoded inference request. ``outputs`` is None when the client asked for every output.
 
-    inputs: dict[str, np.ndarray]
-    id: str | None = None
-    parameters: Parameters = field(default_factory=dict)
-    outputs: list[RequestedOutput] | None = None
-    input_parameters: dict[str, Parameters] = field(default_factory=dict)
+    A plain class, not a dataclass, because every request makes one and the module is compiled
+    (setup.py): mypyc keeps a dataclass's generated ``__init__``, which runs as Python. So does
+    ``InferResponse``."""
+
+    __slots__ = ("id", "input_parameters", "inputs", "outputs", "parameters")
+
+    def __init__(
+        self,
+        inputs: dict[str, np.ndarray],
+        id: str | None = None,
+        parameters: Parameters | None = None,
+        outputs: list[RequestedOutput] | None = None,
+        input_parameters: dict[str, Parameters] | None = None,
+    ) -> None:
+        self.inputs = inputs
+        self.id = id
+        self.parameters: Parameters = {} if parameters is None else parameters
+        self.outputs = outputs
+        self.input_parameters: dict[str, Parameters] = {} if input_parameters is None else input_parameters
+
+    def __repr__(self) -> str:
+        return (
+            f"InferRequest(inputs={list(self.inputs)}, id={self.id!r}, parameters={self.parameters!r}, "
+            f"outputs={self.outputs!r})"
+        )
 
 
-@dataclass(slots=True)
 class InferResponse:
     """The answer to one request: only the outputs it asked for, in model order.
 
     ``output_parameters`` are sent with each named output (e.g. its ``content_type``)."""
 
-    model_name: str
-    model_version: str
-    outputs: dict[str, np.ndarray]
-    id: str | None = None
-    parameters: Parameters = field(default_factory=dict)
-    requested: list[RequestedOutput] | None = None
-    output_parameters: dict[str, Parameters] = field(default_factory=dict)
+    __slots__ = (
+        "id",
+        "model_name",
+        "model_version",
+        "output_parameters",
+        "outputs",
+        "parameters",
+        "requested",
+    )
+
+    def __init__(
+        self,
+        model_name: str,
+        model_version: str,
+        outputs: dict[str, np.ndarray],
+        id: str | None = None,
+        parameters: Parameters | None = None,
+        requested: list[RequestedOutput] | None = None,
+        output_parameters: dict[str, Parameters] | None = None,
+    ) -> None:
+        self.model_name = model_name
+        self.model_version = model_version
+        self.outputs = outputs
+        self.id = id
+        self.parameters: Parameters = {} if parameters is None else parameters
+        self.requested = requested
+        self.output_parameters: dict[str, Parameters] = {} if output_parameters is None else output_parameters
+
+    def __repr__(self) -> str:
+        return (
+            f"InferResponse(model_name={self.model_name!r}, model_version={self.model_version!r}, "
+            f"outputs={list(self.outputs)}, id={self.id!r}, parameters={self.parameters!r})"
+        )
