@@ -6,6 +6,7 @@ import pickle
 
 import numpy as np
 
+from edgeinfer.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorSpec
 from edgeinfer.runners.base import BatchTimes, Work
 
 
@@ -49,3 +50,29 @@ def test_batch_times_survive_pickle():
     back = pickle.loads(pickle.dumps(BatchTimes(1, 2, 3, 4)))
     assert (back.input_ns, back.infer_ns, back.output_ns, back.handover_ns) == (1, 2, 3, 4)
     assert back.total_s == 6e-9
+
+
+def test_the_protocol_types_survive_pickle_with_every_field():
+    """A Python model's process reports its tensors (``TensorSpec``) by pickle; the request and the
+    response types are compiled too (``setup.py``), and pickle as they did as dataclasses."""
+    spec = TensorSpec("x", "FP32", (-1, 4), content_type="str")
+    assert pickle.loads(pickle.dumps(spec, protocol=5)) == spec
+    wanted = [RequestedOutput("y", {"binary_data": True})]
+    request = InferRequest({"x": np.ones((1, 4), np.float32)}, "r-2", {"a": 1}, wanted, {"x": {"b": 2}})
+    back = pickle.loads(pickle.dumps(request, protocol=5))
+    np.testing.assert_array_equal(back.inputs["x"], request.inputs["x"])
+    assert (back.id, back.parameters, back.input_parameters) == ("r-2", {"a": 1}, {"x": {"b": 2}})
+    assert back.outputs is not None
+    assert [(o.name, o.parameters) for o in back.outputs] == [("y", {"binary_data": True})]
+    response = InferResponse("m", "3", {"y": np.zeros(2)}, "r-2", {"p": 1}, wanted, {"y": {"c": 3}})
+    again = pickle.loads(pickle.dumps(response, protocol=5))
+    np.testing.assert_array_equal(again.outputs["y"], response.outputs["y"])
+    assert (again.model_name, again.model_version, again.id, again.parameters, again.output_parameters) == (
+        "m",
+        "3",
+        "r-2",
+        {"p": 1},
+        {"y": {"c": 3}},
+    )
+    assert again.requested is not None
+    assert [o.name for o in again.requested] == ["y"]

@@ -28,6 +28,11 @@ class TensorSpec:
     shape: tuple[int, ...]
     content_type: str | None = None
 
+    # pickled to and from a Python model's processes (runners/process.py); compiled (setup.py), a frozen
+    # dataclass cannot be unpickled by setting its fields
+    def __reduce__(self) -> tuple[type[TensorSpec], tuple[str, str, tuple[int, ...], str | None]]:
+        return (TensorSpec, (self.name, self.datatype, self.shape, self.content_type))
+
     def as_metadata(self) -> dict[str, Any]:
         metadata: dict[str, Any] = {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
         if self.content_type is not None:
@@ -65,6 +70,9 @@ class InferRequest:
         self.parameters: Parameters = {} if parameters is None else parameters
         self.outputs = outputs
         self.input_parameters: dict[str, Parameters] = {} if input_parameters is None else input_parameters
+
+    def __reduce__(self) -> tuple[type[InferRequest], tuple[Any, ...]]:  # compiled: none of its own
+        return (InferRequest, (self.inputs, self.id, self.parameters, self.outputs, self.input_parameters))
 
     def __repr__(self) -> str:
         return (
@@ -105,6 +113,10 @@ class InferResponse:
         self.parameters: Parameters = {} if parameters is None else parameters
         self.requested = requested
         self.output_parameters: dict[str, Parameters] = {} if output_parameters is None else output_parameters
+
+    def __reduce__(self) -> tuple[type[InferResponse], tuple[Any, ...]]:  # compiled: none of its own
+        fields = (self.model_name, self.model_version, self.outputs, self.id, self.parameters)
+        return (InferResponse, (*fields, self.requested, self.output_parameters))
 
     def __repr__(self) -> str:
         return (
