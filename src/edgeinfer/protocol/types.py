@@ -115,8 +115,18 @@ class InferResponse:
         self.output_parameters: dict[str, Parameters] = {} if output_parameters is None else output_parameters
 
     def __reduce__(self) -> tuple[type[InferResponse], tuple[Any, ...]]:  # compiled: none of its own
-        fields = (self.model_name, self.model_version, self.outputs, self.id, self.parameters)
-        return (InferResponse, (*fields, self.requested, self.output_parameters))
+        return (
+            InferResponse,
+            (
+                self.model_name,
+                self.model_version,
+                self.outputs,
+                self.id,
+                self.parameters,
+                self.requested,
+                self.output_parameters,
+            ),
+        )
 
     def __repr__(self) -> str:
         return (
