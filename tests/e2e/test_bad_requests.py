@@ -191,6 +191,22 @@ BAD_REQUESTS = [
         "input 'IN_INT8': data does not fit datatype INT8: a value is outside [-128, 127]",
     ),
     (
+        "a negative integer for an unsigned one",
+        "POST",
+        "/v2/models/all_dtypes/infer",
+        {"inputs": [tensor("IN_UINT64", (1, 4), "UINT64", [-1, 0, 0, 0])]},
+        400,
+        "input 'IN_UINT64': data does not fit datatype UINT64: a value is outside [0, 18446744073709551615]",
+    ),
+    (
+        "a float for an integer, even a whole one",
+        "POST",
+        "/v2/models/all_dtypes/infer",
+        {"inputs": [tensor("IN_INT64", (1, 4), "INT64", [1, 2.0, 3, 4])]},
+        400,
+        "input 'IN_INT64': data does not fit datatype INT64: the data holds fractional numbers",
+    ),
+    (
         "zero rows",
         "POST",
         "/v2/models/simple/infer",

@@ -54,7 +54,7 @@ def _general(data: list, datatype: str) -> np.ndarray | str:
 @pytest.mark.parametrize("datatype", ["FP32", "FP64"])
 @pytest.mark.parametrize("data", FLOAT_DATA, ids=repr)
 def test_flat_floats_are_the_arrays_the_general_path_makes(data: list, datatype: str):
-    fast = json_codec._flat_floats(data, datatype)
+    fast = json_codec._flat_numbers(data, datatype)
     assert fast is not None  # taken by the one-call conversion
     general = _general(data, datatype)
     assert isinstance(general, np.ndarray)
@@ -69,7 +69,7 @@ def test_flat_floats_are_the_arrays_the_general_path_makes(data: list, datatype:
 @pytest.mark.parametrize("datatype", ["FP32", "FP64"])
 @pytest.mark.parametrize("data", BAD_DATA, ids=repr)
 def test_what_flat_floats_does_not_take_is_refused_as_before(data: list, datatype: str):
-    assert json_codec._flat_floats(data, datatype) is None
+    assert json_codec._flat_numbers(data, datatype) is None
     general = _general(data, datatype)
     assert isinstance(general, str)
     with pytest.raises(InvalidInput) as raised:
@@ -77,12 +77,81 @@ def test_what_flat_floats_does_not_take_is_refused_as_before(data: list, datatyp
     assert str(raised.value) == general
 
 
-def test_flat_floats_leaves_other_datatypes_and_a_first_boolean_to_the_general_path():
-    assert all(json_codec._flat_floats([1.0, 2.0], name) is None for name in ("FP16", "INT32", "BYTES"))
-    assert json_codec._flat_floats([], "FP32") is None
-    data = [True, 1.5, 2.0, 3.0]  # numbers after all: the general path takes them
-    assert json_codec._flat_floats(data, "FP32") is None
-    np.testing.assert_array_equal(json_codec.json_to_array("x", "FP32", (4,), data), _general(data, "FP32"))
+INTEGER_DATATYPES = ["INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"]
+
+
+def _limits(datatype: str) -> tuple[int, int]:
+    info = np.iinfo(json_codec.numpy_dtype(datatype))
+    return int(info.min), int(info.max)
+
+
+def _integer_data(datatype: str) -> list[list]:
+    low, high = _limits(datatype)
+    return [
+        [low, high, 0, 1],  # the datatype's whole range
+        [high, high - 1, low + 1, low],
+        [1, True, False, 2],  # booleans after a number: numpy makes integers of them too
+    ]
+
+
+def _bad_integer_data(datatype: str) -> list[list]:
+    low, high = _limits(datatype)
+    return [
+        [high + 1, 0, 0, 0],  # outside the range, either side
+        [0, 0, 0, low - 1],
+        [1, 2.5, 3, 4],  # a fraction
+        [1, 2.0, 3, 4],  # a float, even a whole one: JSON wrote 2.0, the client sent a float
+        [True, False, True, True],  # booleans are not numbers
+        [1, "2", 3, 4],
+        [1, None, 3, 4],
+        [1, [2], 3, 4],
+        [1, {"a": 1}, 3, 4],
+    ]
+
+
+@pytest.mark.parametrize("datatype", INTEGER_DATATYPES)
+def test_flat_integers_are_the_arrays_the_general_path_makes(datatype: str):
+    for data in _integer_data(datatype):
+        fast = json_codec._flat_numbers(data, datatype)
+        assert fast is not None, data  # taken by the one-call conversion
+        general = _general(data, datatype)
+        assert isinstance(general, np.ndarray), data
+        assert fast.dtype == general.dtype == json_codec.numpy_dtype(datatype)
+        assert fast.tolist() == general.tolist() == [int(value) for value in data]
+        decoded = json_codec.json_to_array("x", datatype, (2, 2), data)
+        assert decoded.shape == (2, 2)
+        assert decoded.flags.c_contiguous
+
+
+@pytest.mark.parametrize("datatype", INTEGER_DATATYPES)
+def test_what_flat_integers_does_not_take_is_refused_as_before(datatype: str):
+    """Out of range, fractions, floats, booleans, strings, nulls, lists, objects: the one-call path
+    takes none of them, and the general path refuses each with its message."""
+    for data in _bad_integer_data(datatype):
+        assert json_codec._flat_numbers(data, datatype) is None, data
+        general = _general(data, datatype)
+        assert isinstance(general, str), data
+        with pytest.raises(InvalidInput) as raised:
+            json_codec.json_to_array("x", datatype, (4,), data)
+        assert str(raised.value) == general
+
+
+def test_flat_numbers_leaves_other_datatypes_and_a_first_boolean_to_the_general_path():
+    assert all(json_codec._flat_numbers([1, 0], name) is None for name in ("FP16", "BOOL", "BYTES"))
+    assert json_codec._flat_numbers([], "FP32") is None
+    for datatype, data in (("FP32", [True, 1.5, 2.0, 3.0]), ("INT64", [True, 1, 2, 3])):
+        assert (
+            json_codec._flat_numbers(data, datatype) is None
+        )  # numbers after all: the general path takes them
+        np.testing.assert_array_equal(
+            json_codec.json_to_array("x", datatype, (4,), data), _general(data, datatype)
+        )
+
+
+def test_every_numeric_datatype_but_fp16_and_bool_is_taken_in_one_call():
+    """The one-call table holds a typecode for every integer and float datatype here (a C type of the
+    datatype's size exists on the platforms this runs on)."""
+    assert set(json_codec._ONE_CALL) == {"FP32", "FP64", *INTEGER_DATATYPES}
 
 
 def test_request_fields_are_kept():

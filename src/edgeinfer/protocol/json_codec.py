@@ -27,7 +27,7 @@ import math
 import secrets
 from array import array as c_array
 from types import ModuleType
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, TypeAlias
 
 import numpy as np
 import orjson
@@ -413,9 +413,9 @@ def json_to_array(name: str, datatype: str, shape: tuple[int, ...], data: Any) -
             f"input {name!r}: shape {list(shape)} needs {expected} elements but 'data' has {len(data)}"
         )
     else:
-        floats = _flat_floats(data, datatype)
-        if floats is not None:
-            return floats.reshape(shape)
+        numbers = _flat_numbers(data, datatype)
+        if numbers is not None:
+            return numbers.reshape(shape)
     dtype = numpy_dtype(datatype)
     try:
         values = _bytes_array(data) if datatype == "BYTES" else _numbers(data, dtype, datatype)
@@ -428,32 +428,53 @@ def json_to_array(name: str, datatype: str, shape: tuple[int, ...], data: Any) -
     return values.reshape(shape)
 
 
+_TypeCode: TypeAlias = Literal["f", "d", "b", "h", "i", "q", "B", "H", "I", "Q"]  # of array.array
+
 # the datatypes taken in one call: array.array's typecode and the dtype (given positionally: by keyword
-# it costs 0.5 us more)
-_ONE_CALL: dict[str, tuple[Literal["f", "d"], np.dtype]] = {
-    "FP32": ("f", np.dtype(np.float32)),
-    "FP64": ("d", np.dtype(np.float64)),
+# it costs 0.5 us more). A typecode names a C type, whose size is the platform's: only those of the
+# dtype's size are used (on Linux x86-64 and arm64, all of them).
+_TYPECODES: dict[str, _TypeCode] = {
+    "FP32": "f",
+    "FP64": "d",
+    "INT8": "b",
+    "INT16": "h",
+    "INT32": "i",
+    "INT64": "q",
+    "UINT8": "B",
+    "UINT16": "H",
+    "UINT32": "I",
+    "UINT64": "Q",
+}
+_ONE_CALL: dict[str, tuple[_TypeCode, np.dtype]] = {
+    datatype: (typecode, numpy_dtype(datatype))
+    for datatype, typecode in _TYPECODES.items()
+    if c_array(typecode).itemsize == numpy_dtype(datatype).itemsize
 }
 
 
-def _flat_floats(data: list[Any], datatype: str) -> np.ndarray | None:
-    """A flat list of JSON numbers as an FP32 or FP64 array, converted in one C call (``array.array``
-    takes each number as a C double and casts it; a float beyond float32's range becomes inf, as in
-    ``_numbers``). None for anything else, which ``_numbers`` then converts or refuses with its
-    message: other datatypes, a first element that is a boolean (a list of booleans is not numbers),
-    an element that is not a number.
+def _flat_numbers(data: list[Any], datatype: str) -> np.ndarray | None:
+    """A flat list of JSON numbers as an array of a numeric datatype, converted in one C call
+    (``array.array``). None for anything else, which ``_numbers`` then converts or refuses with its
+    message: other datatypes (BOOL, FP16, BYTES), a first element that is a boolean (a list of
+    booleans is not numbers), an element that is not a number, a fraction for an integer datatype, an
+    integer outside the datatype's range.
 
-    Why: the general path's kind check and cast under ``np.errstate`` took 22,400 of the 55,400
-    instructions that decoding `tiny`'s body (16 floats) cost (``valgrind --tool=callgrind``); with
-    this the body takes 40,400, and 6.8-8.8 us instead of 9.4-15.4 (``timeit``, three rounds
-    alternating on a noisy host)."""
+    What ``array`` takes is what ``_numbers`` takes, converted alike: for floats each number as a C
+    double, cast (a float beyond float32's range becomes inf); for integers each one must be a Python
+    int within the C type's range (a float, even 2.0, raises ``TypeError``; a value outside,
+    ``OverflowError``). Booleans after a number are ints to both.
+
+    Why: the general path's kind check, range check and cast are three or four calls into numpy's
+    Python code per tensor. For floats they took 22,400 of the 55,400 instructions that decoding
+    `tiny`'s body (16 floats) cost (``valgrind --tool=callgrind``); with this the body takes 40,400, and
+    6.8-8.8 us instead of 9.4-15.4 (``timeit``, three rounds alternating on a noisy host)."""
     taken = _ONE_CALL.get(datatype)
     if taken is None or not data or type(data[0]) is bool:
         return None
     typecode, dtype = taken
     try:
         return np.frombuffer(c_array(typecode, data), dtype)
-    except (TypeError, OverflowError):  # not a number in there (a string, null, a list)
+    except (TypeError, OverflowError):  # not a number there, a fraction for integers, out of range
         return None
 
 
