@@ -26,7 +26,10 @@
    are about 0.9 apart, so its highest step held below R* cannot tell whether the SLO holds at 0.9 x R*.
 4. Overload: 2 x R* on the SLO configuration: p99 of the admitted requests, how fast refusals come back,
    the server's RSS before and after, and that it still answers every request (no error, no refusal)
-   ``AFTER_S`` after the overload. Refusals count from when they were due (the target); beside that
+   ``AFTER_S`` after the overload. Then the same overload sent at priority 2, with ``PRIORITY_SHARE`` x
+   R* more at priority 1 at the same time (two load generators): how much of the priority-1 traffic is
+   answered, and at what p99 (issue 12: "priority levels keep high-priority traffic within the SLO
+   under overload"). Refusals count from when they were due (the target); beside that
    the table shows them from when the client sent them, and how late the client was: on a machine
    the client shares with the server, the difference is the client's.
 
@@ -76,6 +79,7 @@ import json
 import math
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +105,8 @@ TARGET_SHARE = 0.9  # of R*: up to where the SLO config must hold its SLO (issue
 MODELS = ("tiny", "cnn")
 INPROCESS_S = 2.0  # each in-process measurement beside the server's cnn c=8 run (``light_load``)
 AFTER_S = 1.0  # the pause between the overload step and the check that the server answers again
+# the priorities step: the overload's 2 x R* at priority 2, and besides it this share of R* at priority 1
+PRIORITY_SHARE = 0.1
 
 
 @dataclass
@@ -289,7 +295,7 @@ def light_load(paths: dict[str, Path], slos: dict[str, float], seconds: float) -
 
 def ramp(
     paths: dict[str, Path], found: dict[str, dict[str, float]], step_s: dict[str, float]
-) -> tuple[list[RampPoint], dict]:
+) -> tuple[list[RampPoint], dict, dict]:
     models = {}
     for model in MODELS:
         models[f"{model}_slo"] = plain(paths[model], found[model]["slo_ms"])
@@ -298,7 +304,7 @@ def ramp(
             models[name] = model_config(paths[model], max_batch, wait_ms, None)
     server = start(models, "slo-ramp")
     points: list[RampPoint] = []
-    overload = {}
+    overload, priorities = {}, {}
     try:
         for model in MODELS:
             body = run.json_body(model).path.read_bytes()
@@ -352,9 +358,57 @@ def ramp(
                 "rss_after_mib": round(rss_after, 1),
                 "answers_after": alive["requests"] > 0 and alive["status_errors"] == 0,
             }
+            time.sleep(AFTER_S)
+            priorities[model] = two_priorities(server, model, body, sustainable, 2 * step_s[model], slo_ms)
     finally:
         server.stop()
-    return points, overload
+    return points, overload, priorities
+
+
+def two_priorities(
+    server: run.Process, model: str, body: bytes, sustainable: float, seconds: float, slo_ms: float
+) -> dict:
+    """The overload step's 2 x R* at priority 2 and ``PRIORITY_SHARE`` x R* at priority 1, at once, each
+    from its own load generator (``loadgen.run_step``): what each level got."""
+    plain_body = json.loads(body)
+    results: dict[int, loadgen.StepResult] = {}
+
+    def offer(priority: int, rate: float) -> None:
+        request = loadgen.http_request(
+            f"/v2/models/{model}_slo/infer",
+            json.dumps(plain_body | {"parameters": {"priority": priority}}).encode(),
+        )
+        drain_s = min(10.0, max(2.0, 4 * slo_ms / 1000))
+        results[priority] = loadgen.run_step(
+            server.port, request, rate, seconds, seed=priority, drain_s=drain_s
+        )
+
+    offers = [threading.Thread(target=offer, args=(2, 2 * sustainable))]
+    offers.append(threading.Thread(target=offer, args=(1, PRIORITY_SHARE * sustainable)))
+    for thread in offers:
+        thread.start()
+    for thread in offers:
+        thread.join()
+    found = {}
+    for priority, result in sorted(results.items()):
+        offered = result.sent / result.seconds
+        found[f"priority_{priority}"] = {
+            "offered": round(offered, 1),
+            "answered_share": share(result.goodput, offered, 4),
+            "p99_ms": round(result.p(0.99) * 1000, 2),
+            "refused": len(result.refused_latency),
+            "refused_p99_ms": round(result.p(0.99, refused=True) * 1000, 2),
+            "errors": result.errors + result.unanswered,
+            "host_steal_pct": round(result.host_steal * 100, 1),
+        }
+        print(
+            f"  {model}_slo at priority {priority}: offered {offered:,.1f}/s, "
+            f"answered {result.goodput:,.1f}/s, p99 {result.p(0.99) * 1000:.2f} ms, "
+            f"refused {len(result.refused_latency)} "
+            f"(p99 {result.p(0.99, refused=True) * 1000:.2f} ms), host steal {result.host_steal * 100:.1f} %",
+            flush=True,
+        )
+    return found
 
 
 def confirm_sustainable(
@@ -481,7 +535,9 @@ def cores_text(server_cores: float, client_cores: float, busy_pct: float) -> str
     return f"cores: server {server_cores:.2f}, client {client_cores:.2f}, machine busy {busy_pct:g} %"
 
 
-def targets(points: list[RampPoint], found: dict, light: dict, overload: dict) -> dict:
+def targets(
+    points: list[RampPoint], found: dict, light: dict, overload: dict, priorities: dict | None = None
+) -> dict:
     summary: dict = {}
     worst = max(light["tiny_c1"], key=lambda run_: run_["ratio"])
     summary["tiny_json_c1_p50_vs_fastapi_worst_of_3"] = worst["ratio"]
@@ -533,6 +589,7 @@ def targets(points: list[RampPoint], found: dict, light: dict, overload: dict) -
             ),
             "configs": by_config,
             "overload_2x": overload.get(model, {}),
+            "priorities_2x": (priorities or {}).get(model, {}),
         }
     return summary
 
@@ -606,6 +663,16 @@ def targets_table(summary: dict) -> str:
                 f"{over['rss_before_mib']} -> {over['rss_after_mib']} MiB, answers after: "
                 f"{'yes' if over['answers_after'] else 'NO'}) |"
             )
+        if levels := entry["priorities_2x"]:
+            high, low = levels["priority_1"], levels["priority_2"]
+            lines.append(
+                f"| {model}: 2x at priority 2 plus {PRIORITY_SHARE:g} x R* at priority 1: priority 1 within "
+                f"the SLO | answered, p99 <= {entry['slo_p99_ms']:g} ms | {high['answered_share']:.1%} "
+                f"answered of {high['offered']:,.1f}/s, p99 {high['p99_ms']:.2f} ms "
+                f"({high['refused']} refused); priority 2: {low['answered_share']:.1%} of "
+                f"{low['offered']:,.1f}/s at p99 {low['p99_ms']:.2f} ms, refusals p99 "
+                f"{low['refused_p99_ms']:.1f} ms; {high['errors'] + low['errors']} errors |"
+            )
     return "\n".join(lines)
 
 
@@ -675,8 +742,8 @@ def measure_all(step_seconds: float, plot_path: Path) -> tuple[dict, str]:
     paths = run.build_models()
     found = probe(paths)
     light = light_load(paths, {model: found[model]["slo_ms"] for model in MODELS}, 3.0)
-    points, overload = ramp(paths, found, {"tiny": step_seconds, "cnn": max(step_seconds, 5.0)})
-    summary = targets(points, found, light, overload)
+    points, overload, priorities = ramp(paths, found, {"tiny": step_seconds, "cnn": max(step_seconds, 5.0)})
+    summary = targets(points, found, light, overload, priorities)
     plot(points, found, plot_path)
     markdown = (
         "## Latency objective (bench/slo.py)\n\n"

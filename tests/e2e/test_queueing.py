@@ -7,7 +7,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -230,6 +230,54 @@ def test_a_request_that_would_miss_the_slo_gets_429_at_once_with_retry_after(spe
     assert stats(special_server, "slow_slo")["batch_cost"]["admission_margin_ns"] >= 0
     alone = request(port, "POST", "/v2/models/slow_slo/infer", slow_body(1))
     assert alone.status == 200, "with nothing ahead, a request is admitted whatever the SLO"
+
+
+@pytest.fixture
+def priority_server(special_models: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    """``slow.onnx`` (about 0.1 s a row) alone, with an SLO and nothing formed ahead, so that a queued
+    request can be overtaken; on a server of its own, so that its cost line is learned from a warmup
+    that shared the cores with no other model's."""
+    config = tmp_path / "config.yaml"
+    slow = special_models / "slow.onnx"
+    config.write_text(
+        "models:\n"
+        f"  slow_priority: {{model_path: {slow}, max_batch_size: 8, prefetch_batches: 0,\n"
+        "    backend_config: {intra_op_num_threads: 1}, slo: {p99_ms: 1200}}\n"
+    )
+    server = ServerProcess(["--config", str(config)])
+    server.start(tmp_path / "server.log")
+    yield server
+    server.stop()
+
+
+def test_a_higher_priority_request_is_admitted_ahead_of_a_queue_where_a_lower_one_is_refused(priority_server):
+    """``slow_priority`` (about 0.1 s a row, SLO 1.2 s, nothing formed ahead): while a batch of 4 rows
+    runs and 4 rows of priority 2 wait, 8 rows of priority 2 would finish after about 1.6 s: refused at
+    once, after decoding (before, its priority is not known, and as one row of priority 1 it could make
+    it). A row of priority 1 goes ahead of the queued rows (about 0.5 s): admitted, and answered before
+    them."""
+    port, url = priority_server.port, "/v2/models/slow_priority/infer"
+
+    def body(rows: int, priority: int) -> dict:
+        return slow_body(rows, parameters={"priority": priority})
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        running = pool.submit(request, port, "POST", url, body(4, 2))
+        wait_queue(port, "slow_priority", 0, 1)
+        queued = pool.submit(request, port, "POST", url, body(4, 2))
+        wait_queue(port, "slow_priority", 1, 2)
+        low = request(port, "POST", url, body(8, 2))
+        high = request(port, "POST", url, body(1, 1))
+        overtaken = not queued.done()
+        assert (running.result().status, queued.result().status) == (200, 200)
+    assert low.status == 429
+    assert "is over its latency objective: this request would finish in" in low.error
+    assert "against an SLO of 1200 ms" in low.error
+    assert high.status == 200
+    assert overtaken, "the priority-1 request was answered while the priority-2 one still waited"
+    samples = scrape(port)
+    labels = {"model": "slow_priority", "version": "1"}
+    assert metric(samples, "edgeinfer_requests_refused_total", **labels, reason="slo") == 1
 
 
 def _while_slow_slo_runs(port: int, action: Callable[[], T]) -> T:

@@ -654,6 +654,42 @@ def test_requests_still_being_decoded_count_ahead_of_those_judged_before_decodin
     asyncio.run(main())
 
 
+def test_a_request_that_goes_ahead_of_a_queue_that_stands_is_not_held_to_half_the_slo():
+    """SLO 60 ms, 10 ms a request, a 30 ms batch running and two priority-2 requests queued in a queue
+    that stands (``standing.py``: 30 ms of the SLO held back). Another priority-2 request would join it:
+    refused (30 + 20 + 10 ms, plus the 30 held back). A priority-1 request goes ahead of that queue and
+    does not join it: once decoded, nothing is held back from it (30 + 10 ms), and it runs first. Before
+    decoding its priority is not known, and a request is judged as one that would join the queue."""
+
+    async def main():
+        backend = FakeBackend(hold=True)
+        adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
+        batcher = _seeded(backend, adaptive, QueueLimits(slo_s=0.060))
+        running = submit(batcher, 1.0, 3)  # 30 ms
+        await entered(backend, 1)
+        queued = [submit(batcher, 2.0, priority=2) for _ in range(2)]
+        standing = batcher._standing
+        assert standing is not None
+        standing.standing, standing.cut_s = True, 0.030
+        with pytest.raises(
+            ServerBusy, match=r"queue ahead 50\.0 ms.*plus 30\.0 ms held back while its queue"
+        ):
+            submit(batcher, 3.0, priority=2)
+        unread = batcher.refuse_unread()
+        high = submit(batcher, 4.0, priority=1)
+        order = []
+        for future, name in ((high, "high"), *((future, "low") for future in queued)):
+            future.add_done_callback(lambda _, name=name: order.append(name))
+        backend.release()
+        await asyncio.gather(running, high, *queued)
+        return unread, order
+
+    unread, order = asyncio.run(main())
+    assert unread is not None
+    assert "30.0 ms held back while its queue stands" in unread.message
+    assert order == ["high", "low", "low"]
+
+
 def test_before_decoding_the_queue_is_judged_with_the_lag_as_after_decoding():
     """5 ms of lag and a 20 ms batch running, 10 ms per request, SLO 32 ms: the wait alone would not
     refuse a request (5 + 10 ms), but the queue is judged as admission judges it after decoding, with

@@ -195,6 +195,25 @@ def test_the_overload_target_says_who_used_the_cores_and_what_a_request_cost_the
     assert "; the server's CPU 55 us a request, 140 at 0.9 x R*;" in shown
 
 
+def test_the_priorities_step_says_what_each_level_got():
+    points = [step(model, config, 1000.0, 1.0) for model in slo.MODELS for config in ("slo", "b8_w0")]
+    level = {"refused_p99_ms": 4.2, "errors": 0, "host_steal_pct": 0.3}
+    priorities = {
+        "cnn": {
+            "priority_1": level | {"offered": 8.0, "answered_share": 0.9531, "p99_ms": 108.2, "refused": 3},
+            "priority_2": level
+            | {"offered": 160.0, "answered_share": 0.476, "p99_ms": 548.2, "refused": 700},
+        }
+    }
+    shown = slo.targets_table(slo.targets(points, FOUND, LIGHT, {}, priorities))
+    assert (
+        "| cnn: 2x at priority 2 plus 0.1 x R* at priority 1: priority 1 within the SLO | answered, p99 <= "
+        f"{FOUND['cnn']['slo_ms']:g} ms | 95.3% answered of 8.0/s, p99 108.20 ms (3 refused); priority 2: "
+        "47.6% of 160.0/s at p99 548.20 ms, refusals p99 4.2 ms; 0 errors |" in shown
+    )
+    assert "tiny: 2x at priority 2" not in shown  # not measured: not shown
+
+
 def kept(model: str, config: str, offered: float, answered_share: float, **extra: object) -> slo.RampPoint:
     point = step(model, config, offered, 1.0, **extra)
     point.goodput = offered * answered_share

@@ -196,17 +196,24 @@ class Batcher:
 
     @property
     def slo_margin_s(self) -> float:
+        """What admission adds now to its prediction for a request that would queue behind every other
+        (``_joins_all``): both parts of ``_margins``."""
+        steered_s, cut_s = self._margins()
+        return steered_s + cut_s
+
+    def _margins(self) -> tuple[float, float]:
         """What admission adds to its predictions now: the margin steered by the misses (``margin.py``),
         first calmed for the loop's idle ticks since it was last read if the model has nothing queued
-        or running, and the part of the SLO held back while the queue stands (``standing.py``)."""
+        or running, and the part of the SLO held back while the queue stands (``standing.py``), which
+        counts only for a request that would join that queue (``_joins_all``)."""
         margin, lag, standing = self._margin, self._lag, self._standing
         if margin is None or standing is None:
-            return 0.0
+            return 0.0, 0.0
         if lag is not None and lag.idle_ticks != self._idle_seen:
             if not (self._pending or self._running):
                 margin.calm(lag.idle_ticks - self._idle_seen)
             self._idle_seen = lag.idle_ticks
-        return margin.margin_s + standing.cut_s
+        return margin.margin_s, standing.cut_s
 
     @property
     def outstanding(self) -> int:
@@ -246,7 +253,7 @@ class Batcher:
         if len(self._pending) >= self.limits.max_queue_size:
             self.recorder.refused("queue_full")
             cost = self.runner.cost  # the hint: the queue ahead at the measured cost (1 s before any)
-            retry_s = self._backlog_s(cost, HIGHEST_PRIORITY) if cost.observed else 1.0
+            retry_s = self._backlog_s(cost, *self._ahead(HIGHEST_PRIORITY)) if cost.observed else 1.0
             raise ServerBusy.retry_in(
                 f"model {self.name} has {len(self._pending)} requests queued, its limit (max_queue_size)",
                 retry_s,
@@ -405,7 +412,8 @@ class Batcher:
         cost = self.runner.cost  # read directly, not through ``measured()``: this runs on every request
         if not cost.observed:
             return
-        backlog_s = self._backlog_s(cost, priority)
+        requests_ahead, rows_ahead = self._ahead(priority)
+        backlog_s = self._backlog_s(cost, requests_ahead, rows_ahead)
         own_s = cost.batch_s(rows)
         finish = now + backlog_s + own_s
         if deadline is not None and finish > deadline:
@@ -418,18 +426,20 @@ class Batcher:
         if due is None:
             return
         lag_s = self._lag.lag_s if self._lag is not None else 0.0
-        margin_s = self.slo_margin_s
+        steered_s, cut_s = self._margins()
+        margins = (steered_s, cut_s if self._joins_all(requests_ahead) else 0.0)
         queued_behind = bool(self._pending or self._running)
-        if finish + lag_s + margin_s > due and (queued_behind or now + own_s <= due):
+        if finish + lag_s + margins[0] + margins[1] > due and (queued_behind or now + own_s <= due):
             arrived = (self.limits.slo_s or 0.0) - (due - now)  # how long ago it began to arrive
-            raise self._over_slo("this request", "receiving it", arrived, backlog_s, own_s, lag_s, "")
+            raise self._over_slo(
+                "this request", "receiving it", arrived, backlog_s, own_s, lag_s, margins, ""
+            )
 
-    def _margin_text(self, margin_s: float) -> str:
-        """What ``margin_s`` (``slo_margin_s``, or 0 where it did not count) is made of, for a refusal."""
-        if not margin_s:
+    def _margin_text(self, steered_s: float, cut_s: float) -> str:
+        """What admission added to a refused request's prediction (``_margins``, each 0 where it did not
+        count), for its refusal."""
+        if not (steered_s or cut_s):
             return ""
-        steered_s = self._margin.margin_s if self._margin is not None else 0.0
-        cut_s = self._standing.cut_s if self._standing is not None else 0.0
         parts = []
         if steered_s:
             missing = f"{(1 - self.limits.slo_quantile) * 100:g} %"
@@ -440,19 +450,30 @@ class Batcher:
             parts.append(f"{cut_s * 1000:.1f} ms held back while its queue stands (it is kept shorter)")
         return ", plus " + " and ".join(parts)
 
-    def _backlog_s(self, cost: CostModel, priority: int, arriving: int = 0) -> float:
-        """How long until a request of ``priority`` would start: the rows queued ahead of it (at its
-        priority or a higher one) and the batches now running, at the measured cost, shared by the
-        runner's concurrent slots. Queued requests count as the batches they will run in: full ones
-        where they merge, one each where the adaptive policy runs them alone (merging does not pay):
-        each pays the per-call cost. While the queue is draining, it counts at least at the rate it
-        drains (``_drained``). ``arriving``: requests that will join the queue before this one, one
-        row each (``expect``)."""
-        requests_ahead = rows_ahead = arriving
+    def _joins_all(self, queued_ahead: int) -> bool:
+        """Whether a request with ``queued_ahead`` requests queued ahead of it (``_ahead``) would wait
+        behind every queued request: a standing queue's part of the SLO (``_margins``) is held back
+        from such a request after decoding, not from one of a higher priority than some of the queue,
+        which goes ahead of them and does not join it."""
+        return queued_ahead == len(self._pending)
+
+    def _ahead(self, priority: int) -> tuple[int, int]:
+        """The requests and rows queued ahead of a new request of ``priority``: at its level or a
+        higher one."""
+        requests_ahead = rows_ahead = 0
         for level, (count, rows_queued) in self._queued.items():
             if level <= priority:
                 requests_ahead += count
                 rows_ahead += rows_queued
+        return requests_ahead, rows_ahead
+
+    def _backlog_s(self, cost: CostModel, requests_ahead: int, rows_ahead: int) -> float:
+        """How long until a request would start with ``requests_ahead`` (of ``rows_ahead`` rows) queued
+        ahead of it (``_ahead``) and the batches now running, at the measured cost, shared by the
+        runner's concurrent slots. Queued requests count as the batches they will run in: full ones
+        where they merge, one each where the adaptive policy runs them alone (merging does not pay):
+        each pays the per-call cost. While the queue is draining, it counts at least at the rate it
+        drains (``_drained``)."""
         most = self.policy.max_batch_size
         per_row_s, per_batch_s = cost.per_row_s, cost.per_batch_s
         batches = -(-rows_ahead // most) if self._merges(cost) else requests_ahead
@@ -523,12 +544,13 @@ class Batcher:
         slo_s, lag = self.limits.slo_s, self._lag
         if slo_s is None:
             return None
+        now = time.monotonic()
         if lag is not None:
             memo = self._refused_turn
             if memo is not None and memo[0] == lag.turns:
                 self.recorder.refused("slo")
                 return memo[1]
-            waited_s = lag.waited_s(time.monotonic())
+            waited_s = lag.waited_s(now)
             # turns ahead only while the loop is behind: a lone request's turn is its own processing
             turns_s = TURNS_TO_ANSWER * lag.turn_s if waited_s else 0.0
         else:
@@ -540,14 +562,20 @@ class Batcher:
         if not cost.observed:
             return None
         own_s = cost.batch_s(1)
-        margin_s = self.slo_margin_s
-        behind_margin_s = margin_s if waited_s else 0.0  # like the turns: only for a request that waited
-        if waited_s + turns_s + own_s + behind_margin_s > slo_s >= own_s:
+        # one row of the highest priority, behind the requests still being decoded; and, its priority
+        # unknown, as one that would join a queue that stands (``_margins``; docs/batching.md,
+        # "Priority levels under overload": judged as one that goes ahead of it, the requests let in
+        # to be decoded and refused after it took the decoder from those of every level)
+        requests_ahead, rows_ahead = self._ahead(HIGHEST_PRIORITY)
+        requests_ahead, rows_ahead = requests_ahead + self._arriving, rows_ahead + self._arriving
+        margins = self._margins()
+        behind = margins if waited_s else (0.0, 0.0)  # like the turns: only for a request that waited
+        if waited_s + turns_s + own_s + behind[0] + behind[1] > slo_s >= own_s:
             self.recorder.refused("slo")
             refusal = ServerBusy.retry_in(
                 f"model {self.name} is over its latency objective: the server is {waited_s * 1000:.1f} "
                 f"ms behind and {TURNS_TO_ANSWER} loop iterations of {turns_s / TURNS_TO_ANSWER * 1000:.1f} "
-                f"ms from an answer{self._margin_text(behind_margin_s)}, against an SLO of "
+                f"ms from an answer{self._margin_text(*behind)}, against an SLO of "
                 f"{slo_s * 1000:.0f} ms; it was refused before its body was read",
                 waited_s + turns_s,
             )
@@ -556,10 +584,10 @@ class Batcher:
             return refusal
         if not queued_behind:
             return None
-        backlog_s = self._backlog_s(cost, HIGHEST_PRIORITY, self._arriving)
+        backlog_s = self._backlog_s(cost, requests_ahead, rows_ahead)
         lag_s = lag.lag_s if lag is not None else 0.0
         reading_s = self._reading_s or 0.0
-        if lag_s + reading_s + backlog_s + own_s + margin_s > slo_s:
+        if lag_s + reading_s + backlog_s + own_s + margins[0] + margins[1] > slo_s:
             return self._over_slo(
                 "a request",
                 "receiving and decoding one",
@@ -567,6 +595,7 @@ class Batcher:
                 backlog_s,
                 own_s,
                 lag_s,
+                margins,
                 "; it was refused before its body was read",
             )
         return None
@@ -579,17 +608,19 @@ class Batcher:
         backlog_s: float,
         own_s: float,
         lag_s: float,
+        margins: tuple[float, float],
         done: str,
     ) -> ServerBusy:
         """The refusal (counted) of a request predicted to finish after its SLO, before decoding
-        (``refuse_unread``) or after (``_admit``): what the prediction added up."""
+        (``refuse_unread``) or after (``_admit``): what the prediction added up (``margins``: what
+        ``_margins`` added to it)."""
         self.recorder.refused("slo")
-        slo_s, margin_s = self.limits.slo_s or 0.0, self.slo_margin_s
+        slo_s = self.limits.slo_s or 0.0
         return ServerBusy.retry_in(
             f"model {self.name} is over its latency objective: {who} would finish in "
             f"{(reading_s + backlog_s + own_s + lag_s) * 1000:.1f} ms ({reading} {reading_s * 1000:.1f} ms, "
             f"queue ahead {backlog_s * 1000:.1f} ms, server busy {lag_s * 1000:.1f} ms)"
-            f"{self._margin_text(margin_s)} against an SLO of {slo_s * 1000:.0f} ms{done}",
+            f"{self._margin_text(*margins)} against an SLO of {slo_s * 1000:.0f} ms{done}",
             backlog_s + lag_s,
         )
 
