@@ -627,6 +627,16 @@ def test_a_request_is_refused_unread_only_when_no_body_could_make_it_in_time():
     assert batcher.recorder.stats.fail.count == 1
 
 
+async def _one_running(slo_s: float, rows: int) -> tuple[FakeBackend, Batcher, asyncio.Future]:
+    """An adaptive batcher with an SLO of ``slo_s`` (10 ms a row, merging does not pay), running a batch
+    of ``rows`` that holds until the backend is released."""
+    backend = FakeBackend(hold=True)
+    batcher = _seeded(backend, BatchPolicy(max_batch_size=4, adaptive=True), QueueLimits(slo_s=slo_s))
+    running = submit(batcher, 1.0, rows)
+    await entered(backend, 1)
+    return backend, batcher, running
+
+
 def test_requests_still_being_decoded_count_ahead_of_those_judged_before_decoding():
     """SLO 35 ms, 10 ms a request, a 20 ms batch running: a request judged before decoding fits (20 +
     10 ms) until one let in before it is still being decoded off the loop (``expect``): that one will
@@ -635,11 +645,7 @@ def test_requests_still_being_decoded_count_ahead_of_those_judged_before_decodin
     nothing else is queued."""
 
     async def main():
-        backend = FakeBackend(hold=True)
-        adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
-        batcher = _seeded(backend, adaptive, QueueLimits(slo_s=0.035))
-        running = submit(batcher, 1.0, 2)  # 20 ms
-        await entered(backend, 1)
+        backend, batcher, running = await _one_running(0.035, 2)  # 20 ms
         assert batcher.refuse_unread() is None
         batcher.expect()
         assert batcher.refuse_unread(queue_known=False) is None  # it may go elsewhere: the wait only
@@ -662,11 +668,7 @@ def test_a_request_that_goes_ahead_of_a_queue_that_stands_is_not_held_to_half_th
     decoding its priority is not known, and a request is judged as one that would join the queue."""
 
     async def main():
-        backend = FakeBackend(hold=True)
-        adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
-        batcher = _seeded(backend, adaptive, QueueLimits(slo_s=0.060))
-        running = submit(batcher, 1.0, 3)  # 30 ms
-        await entered(backend, 1)
+        backend, batcher, running = await _one_running(0.060, 3)  # 30 ms
         queued = [submit(batcher, 2.0, priority=2) for _ in range(2)]
         standing = batcher._standing
         assert standing is not None
