@@ -544,13 +544,12 @@ class Batcher:
         slo_s, lag = self.limits.slo_s, self._lag
         if slo_s is None:
             return None
-        now = time.monotonic()
         if lag is not None:
             memo = self._refused_turn
             if memo is not None and memo[0] == lag.turns:
                 self.recorder.refused("slo")
                 return memo[1]
-            waited_s = lag.waited_s(now)
+            waited_s = lag.waited_s(time.monotonic())
             # turns ahead only while the loop is behind: a lone request's turn is its own processing
             turns_s = TURNS_TO_ANSWER * lag.turn_s if waited_s else 0.0
         else:
@@ -562,12 +561,9 @@ class Batcher:
         if not cost.observed:
             return None
         own_s = cost.batch_s(1)
-        # one row of the highest priority, behind the requests still being decoded; and, its priority
-        # unknown, as one that would join a queue that stands (``_margins``; docs/batching.md,
-        # "Priority levels under overload": judged as one that goes ahead of it, the requests let in
-        # to be decoded and refused after it took the decoder from those of every level)
-        requests_ahead, rows_ahead = self._ahead(HIGHEST_PRIORITY)
-        requests_ahead, rows_ahead = requests_ahead + self._arriving, rows_ahead + self._arriving
+        # its priority unknown, as one that would join a queue that stands (``_margins``; docs/batching.md,
+        # "Priority levels under overload": judged as one that goes ahead of it, the requests let in to
+        # be decoded and refused after it took the decoder from those of every level)
         margins = self._margins()
         behind = margins if waited_s else (0.0, 0.0)  # like the turns: only for a request that waited
         if waited_s + turns_s + own_s + behind[0] + behind[1] > slo_s >= own_s:
@@ -584,7 +580,10 @@ class Batcher:
             return refusal
         if not queued_behind:
             return None
-        backlog_s = self._backlog_s(cost, requests_ahead, rows_ahead)
+        # one row of the highest priority, behind the requests still being decoded
+        requests_ahead, rows_ahead = self._ahead(HIGHEST_PRIORITY)
+        arriving = self._arriving
+        backlog_s = self._backlog_s(cost, requests_ahead + arriving, rows_ahead + arriving)
         lag_s = lag.lag_s if lag is not None else 0.0
         reading_s = self._reading_s or 0.0
         if lag_s + reading_s + backlog_s + own_s + margins[0] + margins[1] > slo_s:
