@@ -369,7 +369,10 @@ def two_priorities(
     server: run.Process, model: str, body: bytes, sustainable: float, seconds: float, slo_ms: float
 ) -> dict:
     """The overload step's 2 x R* at priority 2 and ``PRIORITY_SHARE`` x R* at priority 1, at once, each
-    from its own load generator (``loadgen.run_step``): what each level got."""
+    from its own load generator (``loadgen.run_step``): what each level got. Each generator may open up
+    to ``loadgen.MAX_OPEN`` connections: where the server's loop falls far behind, together they can
+    hold more than the server takes (``server.limits.max_connections``, 1,024), and the connections it
+    turns away count as errors here."""
     plain_body = json.loads(body)
     results: dict[int, loadgen.StepResult] = {}
 
