@@ -26,10 +26,10 @@
    are about 0.9 apart, so its highest step held below R* cannot tell whether the SLO holds at 0.9 x R*.
 4. Overload: 2 x R* on the SLO configuration: p99 of the admitted requests, how fast refusals come back,
    the server's RSS before and after, and that it still answers every request (no error, no refusal)
-   ``AFTER_S`` after the overload. Then the same overload sent at priority 2, with ``PRIORITY_SHARE`` x
-   R* more at priority 1 at the same time (two load generators): how much of the priority-1 traffic is
-   answered, and at what p99 (issue 12: "priority levels keep high-priority traffic within the SLO
-   under overload"). Refusals count from when they were due (the target); beside that
+   ``AFTER_S`` after the overload. Then the same overload again, ``PRIORITY_SHARE`` x R* of it sent at
+   priority 1 and the rest at priority 2 (two load generators at once): how much of the priority-1
+   traffic is answered, and at what p99 (issue 12: "priority levels keep high-priority traffic within
+   the SLO under overload"). Refusals count from when they were due (the target); beside that
    the table shows them from when the client sent them, and how late the client was: on a machine
    the client shares with the server, the difference is the client's.
 
@@ -105,7 +105,7 @@ TARGET_SHARE = 0.9  # of R*: up to where the SLO config must hold its SLO (issue
 MODELS = ("tiny", "cnn")
 INPROCESS_S = 2.0  # each in-process measurement beside the server's cnn c=8 run (``light_load``)
 AFTER_S = 1.0  # the pause between the overload step and the check that the server answers again
-# the priorities step: the overload's 2 x R* at priority 2, and besides it this share of R* at priority 1
+# the priorities step: of the overload's 2 x R*, this share of R* at priority 1, the rest at priority 2
 PRIORITY_SHARE = 0.1
 
 
@@ -368,11 +368,11 @@ def ramp(
 def two_priorities(
     server: run.Process, model: str, body: bytes, sustainable: float, seconds: float, slo_ms: float
 ) -> dict:
-    """The overload step's 2 x R* at priority 2 and ``PRIORITY_SHARE`` x R* at priority 1, at once, each
-    from its own load generator (``loadgen.run_step``): what each level got. Each generator may open up
-    to ``loadgen.MAX_OPEN`` connections: where the server's loop falls far behind, together they can
-    hold more than the server takes (``server.limits.max_connections``, 1,024), and the connections it
-    turns away count as errors here."""
+    """The overload step's 2 x R*, ``PRIORITY_SHARE`` x R* of it at priority 1 and the rest at priority 2,
+    each level from its own load generator (``loadgen.run_step``): what each level got. Each generator
+    may open up to ``loadgen.MAX_OPEN`` connections: where the server's loop falls far behind, together
+    they can hold more than the server takes (``server.limits.max_connections``, 1,024), and the
+    connections it turns away count as errors here."""
     plain_body = json.loads(body)
     results: dict[int, loadgen.StepResult] = {}
 
@@ -386,7 +386,7 @@ def two_priorities(
             server.port, request, rate, seconds, seed=priority, drain_s=drain_s
         )
 
-    offers = [threading.Thread(target=offer, args=(2, 2 * sustainable))]
+    offers = [threading.Thread(target=offer, args=(2, (2 - PRIORITY_SHARE) * sustainable))]
     offers.append(threading.Thread(target=offer, args=(1, PRIORITY_SHARE * sustainable)))
     for thread in offers:
         thread.start()
@@ -669,12 +669,13 @@ def targets_table(summary: dict) -> str:
         if levels := entry["priorities_2x"]:
             high, low = levels["priority_1"], levels["priority_2"]
             lines.append(
-                f"| {model}: 2x at priority 2 plus {PRIORITY_SHARE:g} x R* at priority 1: priority 1 within "
-                f"the SLO | answered, p99 <= {entry['slo_p99_ms']:g} ms | {high['answered_share']:.1%} "
-                f"answered of {high['offered']:,.1f}/s, p99 {high['p99_ms']:.2f} ms "
-                f"({high['refused']} refused); priority 2: {low['answered_share']:.1%} of "
-                f"{low['offered']:,.1f}/s at p99 {low['p99_ms']:.2f} ms, refusals p99 "
-                f"{low['refused_p99_ms']:.1f} ms; {high['errors'] + low['errors']} errors |"
+                f"| {model}: 2x, {PRIORITY_SHARE:g} x R* of it at priority 1 and the rest at 2: priority 1 "
+                f"within the SLO | answered, p99 <= {entry['slo_p99_ms']:g} ms | "
+                f"{high['answered_share']:.1%} answered of {high['offered']:,.1f}/s, "
+                f"p99 {high['p99_ms']:.2f} ms ({high['refused']} refused); "
+                f"priority 2: {low['answered_share']:.1%} of {low['offered']:,.1f}/s "
+                f"at p99 {low['p99_ms']:.2f} ms, refusals p99 {low['refused_p99_ms']:.1f} ms; "
+                f"{high['errors'] + low['errors']} errors |"
             )
     return "\n".join(lines)
 
