@@ -381,13 +381,14 @@ def two_priorities(
             f"/v2/models/{model}_slo/infer",
             json.dumps(plain_body | {"parameters": {"priority": priority}}).encode(),
         )
-        drain_s = min(10.0, max(2.0, 4 * slo_ms / 1000))
         results[priority] = loadgen.run_step(
-            server.port, request, rate, seconds, seed=priority, drain_s=drain_s
+            server.port, request, rate, seconds, seed=priority, drain_s=drain_for(slo_ms)
         )
 
-    offers = [threading.Thread(target=offer, args=(2, (2 - PRIORITY_SHARE) * sustainable))]
-    offers.append(threading.Thread(target=offer, args=(1, PRIORITY_SHARE * sustainable)))
+    offers = [
+        threading.Thread(target=offer, args=(2, (2 - PRIORITY_SHARE) * sustainable)),
+        threading.Thread(target=offer, args=(1, PRIORITY_SHARE * sustainable)),
+    ]
     for thread in offers:
         thread.start()
     for thread in offers:
@@ -395,7 +396,7 @@ def two_priorities(
     found = {}
     for priority, result in sorted(results.items()):
         offered = result.sent / result.seconds
-        found[f"priority_{priority}"] = {
+        level = found[f"priority_{priority}"] = {
             "offered": round(offered, 1),
             "answered_share": share(result.goodput, offered, 4),
             "p99_ms": round(result.p(0.99) * 1000, 2),
@@ -406,9 +407,8 @@ def two_priorities(
         }
         print(
             f"  {model}_slo at priority {priority}: offered {offered:,.1f}/s, "
-            f"answered {result.goodput:,.1f}/s, p99 {result.p(0.99) * 1000:.2f} ms, "
-            f"refused {len(result.refused_latency)} "
-            f"(p99 {result.p(0.99, refused=True) * 1000:.2f} ms), host steal {result.host_steal * 100:.1f} %",
+            f"answered {result.goodput:,.1f}/s, p99 {level['p99_ms']:.2f} ms, refused {level['refused']} "
+            f"(p99 {level['refused_p99_ms']:.2f} ms), host steal {level['host_steal_pct']:g} %",
             flush=True,
         )
     return found
@@ -495,7 +495,7 @@ def host_took(steal_pct: float) -> bool:
 def _step(
     server: run.Process, model: str, name: str, request: bytes, rate: float, seconds: float, slo_ms: float
 ) -> RampPoint:
-    drain_s = min(10.0, max(2.0, 4 * slo_ms / 1000))
+    drain_s = drain_for(slo_ms)
     cpu_before, started = server.cpu_s(), time.perf_counter()
     result = loadgen.run_step(server.port, request, rate, seconds, drain_s=drain_s)
     server_cpu_s = server.cpu_s() - cpu_before
@@ -531,6 +531,11 @@ def _step(
         flush=True,
     )
     return point
+
+
+def drain_for(slo_ms: float) -> float:
+    """How long a step waits for its last answers: four SLOs, within 2-10 s."""
+    return min(10.0, max(2.0, 4 * slo_ms / 1000))
 
 
 def cores_text(server_cores: float, client_cores: float, busy_pct: float) -> str:

@@ -196,8 +196,8 @@ class Batcher:
 
     @property
     def slo_margin_s(self) -> float:
-        """What admission adds now to its prediction for a request that would queue behind every other
-        (``_joins_all``): both parts of ``_margins``."""
+        """What admission adds now to its prediction for a request that would queue behind every other:
+        both parts of ``_margins``."""
         steered_s, cut_s = self._margins()
         return steered_s + cut_s
 
@@ -205,7 +205,7 @@ class Batcher:
         """What admission adds to its predictions now: the margin steered by the misses (``margin.py``),
         first calmed for the loop's idle ticks since it was last read if the model has nothing queued
         or running, and the part of the SLO held back while the queue stands (``standing.py``), which
-        counts only for a request that would join that queue (``_joins_all``)."""
+        counts only for a request that would join that queue (``_admit``)."""
         margin, lag, standing = self._margin, self._lag, self._standing
         if margin is None or standing is None:
             return 0.0, 0.0
@@ -427,7 +427,11 @@ class Batcher:
             return
         lag_s = self._lag.lag_s if self._lag is not None else 0.0
         steered_s, cut_s = self._margins()
-        margins = (steered_s, cut_s if self._joins_all(requests_ahead) else 0.0)
+        if requests_ahead != len(self._pending):
+            # a higher priority than some of the queue: it goes ahead of them and does not join a queue
+            # that stands, so that queue's part of the SLO is not held back from it
+            cut_s = 0.0
+        margins = (steered_s, cut_s)
         queued_behind = bool(self._pending or self._running)
         if finish + lag_s + margins[0] + margins[1] > due and (queued_behind or now + own_s <= due):
             arrived = (self.limits.slo_s or 0.0) - (due - now)  # how long ago it began to arrive
@@ -449,13 +453,6 @@ class Batcher:
         if cut_s:
             parts.append(f"{cut_s * 1000:.1f} ms held back while its queue stands (it is kept shorter)")
         return ", plus " + " and ".join(parts)
-
-    def _joins_all(self, queued_ahead: int) -> bool:
-        """Whether a request with ``queued_ahead`` requests queued ahead of it (``_ahead``) would wait
-        behind every queued request: a standing queue's part of the SLO (``_margins``) is held back
-        from such a request after decoding, not from one of a higher priority than some of the queue,
-        which goes ahead of them and does not join it."""
-        return queued_ahead == len(self._pending)
 
     def _ahead(self, priority: int) -> tuple[int, int]:
         """The requests and rows queued ahead of a new request of ``priority``: at its level or a
