@@ -6,6 +6,7 @@ names the input and says what the model expects, so the batcher only ever sees r
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -115,7 +116,8 @@ def check_request(
         unknown = [wanted.name for wanted in request.outputs if wanted.name not in known]
         if unknown:
             raise InvalidInput(
-                f"model {model!r} has no output(s) {_names(unknown)}; its outputs are: "
+                f"model {model!r} has no output(s) {_names(unknown)}"
+                f"{_did_you_mean(unknown, [spec.name for spec in outputs])}; its outputs are: "
                 f"{_names([spec.name for spec in outputs])}"
             )
         output_names = frozenset(wanted.name for wanted in request.outputs)
@@ -124,14 +126,25 @@ def check_request(
 
 
 def _missing_or_extra(model: str, inputs: Sequence[TensorSpec], request: InferRequest) -> None:
-    expected = {spec.name for spec in inputs}
-    missing = [spec.name for spec in inputs if spec.name not in request.inputs]
-    if missing:
-        raise InvalidInput(
-            f"model {model!r} needs input(s) {_names(missing)}; expected inputs: {_describe(inputs)}"
-        )
+    """Say which inputs the request lacks and which it has that the model does not: a misspelt name is
+    both, and naming the two (with the closest expected name) is what tells the client its typo."""
+    expected = [spec.name for spec in inputs]
+    missing = [name for name in expected if name not in request.inputs]
     extra = [name for name in request.inputs if name not in expected]
-    raise InvalidInput(f"unknown input(s) {_names(extra)}; model {model!r} has inputs: {_describe(inputs)}")
+    unknown = f"unknown input(s) {_names(extra)}{_did_you_mean(extra, missing)}" if extra else ""
+    if missing:
+        needs = f"model {model!r} needs input(s) {_names(missing)}; expected inputs: {_describe(inputs)}"
+        raise InvalidInput(f"{unknown}; {needs}" if unknown else needs)
+    raise InvalidInput(f"{unknown}; model {model!r} has inputs: {_describe(inputs)}")
+
+
+def _did_you_mean(given: Sequence[str], known: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the first given name with a close match among ``known``, else ''."""
+    for name in given:
+        close = difflib.get_close_matches(name, known, n=1)
+        if close:
+            return f" (did you mean {close[0]!r}?)"
+    return ""
 
 
 def batch_group(request: InferRequest) -> Hashable:

@@ -287,6 +287,28 @@ BAD_REQUESTS = [
         400,
         "inputs[0] needs a 'name' string",
     ),
+    *[
+        (  # integers beyond 64 bits: 500 from simdjson (BIGINT_ERROR) in a large body, before
+            f"an integer beyond 64 bits in {where}, {size} body",
+            "POST",
+            "/v2/models/all_dtypes/infer",
+            b'{"inputs": [{"name": "IN_INT64", "datatype": "INT64", "shape": %s, "data": %s}]%s}'
+            % (shape, data, b', "parameters": {"pad": "%s"}' % (b"x" * 8192) if size == "large" else b""),
+            400,
+            message,
+        )
+        for where, shape, data, message in [
+            (
+                "data",
+                b"[1, 2]",
+                b"[1, 100000000000000000000]",
+                "input 'IN_INT64': data does not fit datatype INT64: 100000000000000000000 is outside "
+                "[-9223372036854775808, 9223372036854775807]",
+            ),
+            ("a shape", b"[1, 18446744073709551616]", b"[1]", "shape [1, 18446744073709551616] is too large"),
+        ]
+        for size in ("small", "large")
+    ],
 ]
 
 

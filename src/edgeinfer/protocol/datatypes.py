@@ -82,3 +82,31 @@ def check_shape(name: str, shape: tuple[int, ...]) -> None:
     elements = math.prod(shape)  # at C speed: the common case ends here
     if elements > _MAX_ELEMENTS or (elements == 0 and math.prod(d for d in shape if d) > _MAX_ELEMENTS):
         raise InvalidInput(f"input {name!r}: shape {list(shape)} is too large for any tensor")
+
+
+def outside_range(values: np.ndarray, dtype: np.dtype) -> str | None:
+    """For an integer ``dtype``: ``"300 is outside [-128, 127]"`` naming the first of ``values`` it
+    cannot hold, else None. ``values`` may be integers, floats (JSON's integers beyond 64 bits arrive
+    as floats) or Python objects, of which only the numbers are looked at; anything else is left to
+    the caller's check of the kind. One wording for every transport that carries integers."""
+    limits = np.iinfo(dtype)
+    flat = values.reshape(-1)
+    if flat.dtype.kind == "O":
+        for value in flat.tolist():
+            if type(value) in (int, float) and not limits.min <= value <= limits.max:
+                return _outside(value, limits)
+        return None
+    if flat.dtype.kind not in "iuf" or not flat.size:
+        return None
+    if flat.dtype.kind == "f":
+        outside = (flat < limits.min) | (flat > limits.max)  # as doubles: 2**63 itself is outside int64
+    else:
+        outside = (flat < limits.min) if flat.dtype.kind == "i" else np.zeros(flat.shape, bool)
+        outside |= flat > limits.max
+    return _outside(flat[int(np.argmax(outside))].item(), limits) if outside.any() else None
+
+
+def _outside(value: float, limits: np.iinfo) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # an integer beyond 64 bits as JSON wrote it (as its nearest double)
+    return f"{value!r} is outside [{limits.min}, {limits.max}]"

@@ -15,7 +15,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from edgeinfer.errors import InvalidInput
-from edgeinfer.protocol.datatypes import check_shape, numpy_dtype, v2_datatype
+from edgeinfer.protocol.datatypes import check_shape, numpy_dtype, outside_range, v2_datatype
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
 from edgeinfer.protocol.raw import array_to_raw, raw_to_array
 from edgeinfer.protocol.types import InferRequest, InferResponse, Parameters, RequestedOutput
@@ -183,10 +183,12 @@ def contents_to_array(
         array = np.empty(expected, dtype=object)
         array[:] = list(values)
         return array.reshape(shape)
-    try:
-        return np.array(values, dtype=numpy_dtype(datatype)).reshape(shape)
-    except OverflowError as exc:
-        raise InvalidInput(f"input {name!r}: a value does not fit {datatype}: {exc}") from None
+    dtype = numpy_dtype(datatype)
+    if dtype.kind in "iu" and dtype.itemsize < 4 and values:  # int_contents and uint_contents are 32-bit
+        problem = outside_range(np.array(values), dtype)
+        if problem:  # worded as JSON's data is (json_codec): one message whatever the transport
+            raise InvalidInput(f"input {name!r}: data does not fit datatype {datatype}: {problem}")
+    return np.array(values, dtype=dtype).reshape(shape)
 
 
 def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:

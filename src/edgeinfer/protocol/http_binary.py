@@ -30,7 +30,19 @@ def decode_request(
             f"Inference-Header-Content-Length is {header_length} but the body has only {len(body)} bytes"
         )
     view = memoryview(body)
-    document = json_codec.loads_object(view[:header_length], "JSON header of the binary request")
+    header = view[:header_length]
+    document = json_codec.loads_object(header, "JSON header of the binary request")
+    try:
+        return _decode(document, view, header_length, max_depth)
+    except InvalidInput as error:
+        exact = json_codec.exact_document(header)  # as the JSON decoder does (json_codec)
+        if exact is None:
+            raise
+        exact_error = json_codec.named_exactly(error, lambda: _decode(exact, view, header_length, max_depth))
+        raise exact_error from None
+
+
+def _decode(document: dict[str, Any], view: memoryview, header_length: int, max_depth: int) -> InferRequest:
     binary = view[header_length:]
     binary_inputs: dict[str, np.ndarray] = {}
     offset = 0

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import logging
 import math
+import re
 import secrets
 from array import array as c_array
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Literal, NoReturn, TypeAlias
 
@@ -33,7 +36,7 @@ import numpy as np
 import orjson
 
 from edgeinfer.errors import InvalidInput, LimitExceeded
-from edgeinfer.protocol.datatypes import V2_TO_NUMPY, check_shape, numpy_dtype, v2_datatype
+from edgeinfer.protocol.datatypes import V2_TO_NUMPY, check_shape, numpy_dtype, outside_range, v2_datatype
 from edgeinfer.protocol.json_scan import NumericArrays
 from edgeinfer.protocol.types import InferRequest, InferResponse, Parameters, RequestedOutput
 
@@ -87,7 +90,8 @@ def decode_request(
     body: bytes | bytearray | memoryview, max_depth: int = MAX_DEPTH, scanned: NumericArrays | None = None
 ) -> InferRequest:
     """Decode a V2 inference request whose tensors are all in JSON; ``scanned``: its long numeric arrays,
-    already parsed (``json_scan.float32_arrays(body)``)."""
+    already parsed (``json_scan.float32_arrays(body)``). Whichever decoder reads the body, the answer
+    is the same request or the same error (tests/fuzz: the decoders against each other)."""
     if scanned is not None:
         request = _decode_scanned(bytes(body), scanned, max_depth)
         if request is not None:
@@ -95,10 +99,50 @@ def decode_request(
     if len(body) >= LARGE_BODY_BYTES and _simdjson() is not None:
         # no bracket count here: on an image it costs a third of the parse, and the walk it would
         # spare is small (numeric data decoded into arrays is not walked)
-        return _decode_large(bytes(body), max_depth)
+        return decode_with_simdjson(bytes(body), max_depth)
+    return decode_with_orjson(body, max_depth)
+
+
+def decode_with_orjson(body: bytes | bytearray | memoryview, max_depth: int = MAX_DEPTH) -> InferRequest:
+    """The ordinary decoder: orjson's document, every tensor converted from its Python values. What it
+    makes of a body is the reference the other decoders keep to."""
     depth_limit = max_depth if may_nest_deeper(body, max_depth) else None
     document = loads_object(body)
-    return decode_request_object(document, binary_inputs=None, max_depth=depth_limit)
+    try:
+        return decode_request_object(document, binary_inputs=None, max_depth=depth_limit)
+    except InvalidInput as error:
+        exact = exact_document(body)
+        if exact is None:
+            raise
+        raise named_exactly(error, lambda: decode_request_object(exact, None, depth_limit)) from None
+
+
+# A run of 19 digits: the shortest integer beyond 64 bits has 20 (-2**63 - 1 has 19 after its sign)
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
+def exact_document(body: bytes | bytearray | memoryview) -> dict[str, Any] | None:
+    """``body`` (which orjson read as an object) with its integers beyond 64 bits as Python ints, not
+    as the floats orjson makes of them; None when it has none. Read only after a request was refused:
+    to name such an integer in the message as the client wrote it (a search of every body for one
+    would cost four times orjson's parse of a small request)."""
+    if not _LONG_DIGITS.search(body):
+        return None
+    try:
+        document = json.loads(bytes(body))
+    except ValueError:  # an integer of over 4,300 digits (Python's limit): orjson's float stands
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def named_exactly(error: InvalidInput, decode_exact: Callable[[], object]) -> InvalidInput:
+    """The error to answer with for a refused body that holds integers beyond 64 bits: the one
+    decoding its exact document raises (which names such an integer as written), else ``error``."""
+    try:
+        decode_exact()
+    except InvalidInput as exact:
+        return exact
+    return error
 
 
 # What stands for a scanned array in the rest of the body: a string no client can guess, so that none
@@ -147,7 +191,12 @@ def _decode_scanned(body: bytes, scanned: NumericArrays, max_depth: int) -> Infe
     if len(arrays) != len(scanned.values):
         return None  # an array somewhere else (or a placeholder twice): decoded the ordinary way
     depth_limit = max_depth if may_nest_deeper(rest, max_depth) else None
-    return decode_request_object(document, arrays, depth_limit)
+    try:
+        return decode_request_object(document, arrays, depth_limit)
+    except InvalidInput:
+        if _LONG_DIGITS.search(rest):
+            return None  # an integer beyond 64 bits: the other paths name it (``exact_document``)
+        raise
 
 
 def _scanned_tensor(datatype: Any, values: np.ndarray, integers: bool) -> np.ndarray | None:
@@ -173,17 +222,20 @@ def may_nest_deeper(raw: bytes | bytearray | memoryview, limit: int) -> bool:
     return data.count(b"[") + data.count(b"{") > limit
 
 
-def _decode_large(body: bytes, max_depth: int | None) -> InferRequest:
-    """Parse with simdjson: numeric tensors become arrays without Python floats, the rest plain values."""
+def decode_with_simdjson(body: bytes, max_depth: int | None = MAX_DEPTH) -> InferRequest:
+    """The large-body decoder: numeric tensors become arrays without Python floats, the rest plain
+    values. A body simdjson reads otherwise than orjson goes to ``decode_with_orjson`` whole: one it
+    refuses (JSON allows integers beyond 64 bits, which simdjson cannot hold, and its messages are
+    worded its own way), or an object with a key it cannot look up (``_unusual_keys``)."""
     simdjson = _simdjson()
     assert simdjson is not None
     try:
         document = simdjson.Parser().parse(body)  # a parser per body: its proxies never outlive it
-    except ValueError as exc:
-        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+    except (ValueError, RuntimeError):  # invalid JSON, or BIGINT_ERROR for an integer beyond 64 bits
+        return decode_with_orjson(body, MAX_DEPTH if max_depth is None else max_depth)
     if not isinstance(document, simdjson.Object):
         raise InvalidInput(f"request body must be a JSON object, not {_json_type(_plain(document))}")
-    if _has_nul_key(document):
+    if _unusual_keys(document) or _unusual_inputs(document):
         return decode_request_object(document.as_dict(), {}, max_depth)  # the ordinary path
     arrays: dict[str, np.ndarray] = {}
     plain: dict[str, Any] = {}
@@ -196,11 +248,25 @@ def _decode_large(body: bytes, max_depth: int | None) -> InferRequest:
     return decode_request_object(plain, arrays, max_depth)
 
 
-def _has_nul_key(value: Any) -> bool:
-    """A key with a NUL character cannot be looked up in a simdjson object (its C++ side ends the key
-    there): such an object is converted whole instead. No V2 field has one; the request then fails
-    as any other with unknown or missing fields does."""
-    return any("\x00" in key for key in value.keys())  # noqa: SIM118 (a simdjson object, as above)
+def _unusual_keys(value: Any) -> bool:
+    """Whether a simdjson object has a key that looking it up would get wrong: one with a NUL character
+    (its C++ side ends the key there) or one given twice (a lookup finds the first, while JSON parsers,
+    orjson and simdjson's own ``as_dict`` among them, keep the last). No V2 field has either; such a
+    body is converted whole instead, and then fails or not as the ordinary decoder has it."""
+    keys = list(value.keys())
+    return any("\x00" in key for key in keys) or len(set(keys)) != len(keys)
+
+
+def _unusual_inputs(document: Any) -> bool:
+    """Whether any input header is an object with unusual keys (``_unusual_keys``)."""
+    simdjson = _simdjson()
+    assert simdjson is not None
+    if "inputs" not in document:
+        return False
+    inputs = document["inputs"]
+    if not isinstance(inputs, simdjson.Array):
+        return False
+    return any(isinstance(raw, simdjson.Object) and _unusual_keys(raw) for raw in inputs)
 
 
 def _plain(value: Any) -> Any:
@@ -218,7 +284,7 @@ def _input_without_data(raw: Any, arrays: dict[str, np.ndarray]) -> Any:
     numbers that fits its shape and datatype, else left in the header for the ordinary path."""
     simdjson = _simdjson()
     assert simdjson is not None
-    if not isinstance(raw, simdjson.Object) or _has_nul_key(raw):
+    if not isinstance(raw, simdjson.Object):
         return _plain(raw)
     header = {key: _plain(raw[key]) for key in raw.keys() if key != "data"}  # noqa: SIM118
     if "data" not in raw:
@@ -492,23 +558,31 @@ def _numbers(data: list[Any], dtype: np.dtype, datatype: str) -> np.ndarray:
     if found in "fO" and dtype.kind == "u" and dtype.itemsize == 8:
         values = _uint64(data)  # integers beyond int64 next to small ones: numpy guessed float64
         found = values.dtype.kind
+    elif found == "O" and dtype.kind == "f" and _all_numbers(values):
+        values = values.astype(np.float64)  # integers beyond 64 bits (``exact_document``): as orjson's
+        found = "f"
+    if dtype.kind in "iu" and values.size:
+        problem = outside_range(values, dtype)  # before the kind: 1e20 is out of range, not a fraction
+        if problem:  # named as the client wrote it, not as numpy's float of it (-1 beside 2**64 - 1)
+            raise ValueError(outside_range(np.array(data, dtype=object), dtype) or problem)
     if values.size and found not in _ACCEPTED_KINDS[dtype.kind]:
         what = _KIND_NAMES.get(found, "nulls, objects or a mix of kinds")
         raise ValueError(f"the data holds {what}")
-    if dtype.kind in "iu" and values.size:
-        limits = np.iinfo(dtype)
-        if values.min() < limits.min or values.max() > limits.max:
-            raise ValueError(f"a value is outside [{limits.min}, {limits.max}]")
     if dtype.kind != "f":  # booleans, or integers within the type's range (above): nothing can overflow
         return values.astype(dtype, copy=False)
     with np.errstate(over="ignore"):  # a float beyond the type's range is inf, as in a cast anywhere
         return values.astype(dtype, copy=False)
 
 
+def _all_numbers(values: np.ndarray) -> bool:
+    return all(type(value) in (int, float) for value in values.reshape(-1).tolist())
+
+
 def _uint64(data: list[Any]) -> np.ndarray:
-    """UINT64 values numpy cannot type by itself: accepted only if every one is an integer."""
+    """UINT64 values numpy cannot type by itself: accepted only if every one is an integer within
+    64 bits (else the objects, which the range and kind checks then name)."""
     values = np.array(data, dtype=object)
-    if not all(isinstance(value, int) and not isinstance(value, bool) for value in values.reshape(-1)):
+    if not all(type(value) is int and 0 <= value < 2**64 for value in values.reshape(-1).tolist()):
         return values
     return np.array(data, dtype=np.uint64)
 
