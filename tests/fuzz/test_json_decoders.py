@@ -298,7 +298,8 @@ def test_no_body_gets_a_5xx_and_padding_does_not_change_the_answer(server: Serve
 
 
 @pytest.mark.parametrize(
-    ("datatype", "value"), [("INT8", 300), ("INT8", -129), ("UINT8", 256), ("INT16", 40000), ("UINT16", 70000)]
+    ("datatype", "value"),
+    [("INT8", 300), ("INT8", -129), ("UINT8", 256), ("INT16", 40000), ("UINT16", 70000)],
 )
 def test_a_value_a_datatype_cannot_hold_has_one_message_over_json_and_grpc(datatype, value):
     """gRPC's int_contents and uint_contents are 32 bits wide: a value there that the datatype cannot
