@@ -10,8 +10,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
-from tests.support import ServerProcess, dynamic_model, infer_body, matmul_model, request, wait_for
+from tests.support import (
+    ServerProcess,
+    dynamic_model,
+    infer_body,
+    matmul_model,
+    request,
+    save_model,
+    wait_for,
+)
 
 
 def index(port: int) -> dict[tuple[str, str], dict]:
@@ -106,6 +115,46 @@ def test_a_model_whose_warmup_fails_is_not_served(tmp_path: Path):
     assert result.returncode == 1
     assert "warmup sample" in result.stderr
     assert "does not fit the model" in result.stderr
+
+
+def numbers_as_strings_model(path: Path) -> Path:
+    """TEXT BYTES [batch, 4] -> Cast to INT32 -> Add 1 -> Y INT32: as Triton's example simple_string, a
+    graph whose strings must be numbers (the synthetic warmup's empty strings are not)."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["TEXT"], ["N"], to=TensorProto.INT32),
+            helper.make_node("Add", ["N", "ONE"], ["Y"]),
+        ],
+        "numbers_as_strings",
+        [helper.make_tensor_value_info("TEXT", TensorProto.STRING, ["batch", 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.INT32, ["batch", 4])],
+        [numpy_helper.from_array(np.ones(1, np.int32), "ONE")],
+    )
+    return save_model(graph, path)
+
+
+def test_a_model_that_fails_the_synthetic_warmup_serves_unwarmed_and_another_loads(tmp_path: Path):
+    """The zeros are our guess at an input: ONNX Runtime failing on them is a WARNING naming the model
+    and the reason, not a server that stops; the model then answers inputs that fit it."""
+    numbers_as_strings_model(tmp_path / "repo" / "strings" / "1" / "model.onnx")
+    matmul_model(tmp_path / "repo" / "m" / "1" / "model.onnx")
+    server = ServerProcess(["--model-repository", str(tmp_path / "repo")]).start(tmp_path / "log")
+    try:
+        warning = [line for line in server.log().splitlines() if "serves unwarmed" in line]
+        assert len(warning) == 2, server.log()  # batch sizes 1 and 8
+        assert "WARNING" in warning[0]
+        assert "model 'strings': the synthetic warmup at batch size 1 failed" in warning[0]
+        assert "Cast" in warning[0], "the reason is ONNX Runtime's own"
+        assert "2 synthetic runs of which 2 failed" in server.log()
+        body = {
+            "inputs": [{"name": "TEXT", "shape": [1, 4], "datatype": "BYTES", "data": ["1", "2", "3", "-4"]}]
+        }
+        reply = request(server.port, "POST", "/v2/models/strings/infer", body)
+        assert reply.status == 200, reply.body
+        assert reply.json()["outputs"][0]["data"] == [2, 3, 4, -3]
+        assert request(server.port, "GET", "/v2/models/m/ready").status == 200
+    finally:
+        server.stop()
 
 
 def test_a_broken_version_found_by_polling_leaves_the_old_one_serving(tmp_path: Path):

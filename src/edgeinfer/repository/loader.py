@@ -18,7 +18,7 @@ import numpy as np
 from edgeinfer.backends import Backend, LoadContext, can_batch, load_backend
 from edgeinfer.batching.policy import BatchPolicy
 from edgeinfer.config import WarmupConfig
-from edgeinfer.errors import InvalidInput, ModelLoadError, RowsMismatch
+from edgeinfer.errors import InferenceFailed, InvalidInput, ModelLoadError, RowsMismatch
 from edgeinfer.protocol import json_codec
 from edgeinfer.protocol.datatypes import numpy_dtype
 from edgeinfer.protocol.types import TensorSpec
@@ -89,24 +89,34 @@ class WarmupReport:
     synthetic: int
     samples: int
     seconds: float
+    unwarmed: int = 0  # synthetic runs the model failed: it serves without them
 
 
 async def warm_up(
-    runner: Runner, backend: Backend, policy: BatchPolicy, config: WarmupConfig | None = None
+    runner: Runner,
+    backend: Backend,
+    policy: BatchPolicy,
+    config: WarmupConfig | None = None,
+    name: str = "",
 ) -> WarmupReport:
     """Run the model before it serves, so the first request is not the slow one.
 
     Synthetic zeros at each warmup batch size (default 1 and max_batch_size), with ``config.shapes``
     filling dimensions the model leaves dynamic (an input with dynamic dimensions and no configured
-    shape is skipped, logged at DEBUG), then every sample request file as it is. A model that rejects
-    the zeros as a bad request (``ModelError``) has shown that it runs: that is logged and counts. Any
-    other failure, and any failure of a sample, fails the load.
+    shape is skipped, logged at DEBUG), then every sample request file as it is.
+
+    The zeros are our guess at an input, not the user's: a model that refuses them as a bad request
+    (``ModelError``) has shown that it runs, and one that fails on them (ONNX Runtime rejecting the
+    values: a BYTES input its graph casts to numbers) is served unwarmed; both with a WARNING naming the
+    model and the reason. What fails the load: any failure of a sample the user gave, and a failure
+    that is not the model's answer to the values (an exception of a Python model's own code, which is
+    a bug; a runner that broke).
     """
     started = time.perf_counter()
     config = config or WarmupConfig()
     if not config.enabled or not backend.warmup_applies:
         return WarmupReport(0, 0, 0.0)
-    synthetic = 0
+    synthetic = unwarmed = 0
     batching = policy.max_batch_size > 0
     for batch_size in _batch_sizes(config, policy, bool(backend.inputs)):
         inputs: Tensors = {}
@@ -119,10 +129,20 @@ async def warm_up(
                 break
             inputs[spec.name] = _zeros(spec, shape)
         else:
-            where = f"at batch size {batch_size}" if batching else ""
-            refused = await _run(runner, inputs, max(1, batch_size), where)
-            if refused is not None:
-                log.info("warmup %s: the model answered the zeros with %s; it runs", where or "run", refused)
+            where = f"at batch size {batch_size}" if batching else "run"
+            error = await _run(runner, inputs, max(1, batch_size))
+            if isinstance(error, (InvalidInput, RowsMismatch)):
+                log.warning("model %r: warmup %s: the model answered the zeros with %s: %s; it runs",
+                            name, where, type(error).__name__, error)  # fmt: skip
+            elif isinstance(error, InferenceFailed):
+                log.warning(
+                    "model %r: the synthetic warmup %s failed, so the model serves unwarmed (its first "
+                    "requests may be slower; warmup.samples warms it with inputs of yours): %s",
+                    name, where, error,
+                )  # fmt: skip
+                unwarmed += 1
+            elif error is not None:
+                raise ModelLoadError(f"warmup failed {where}: {type(error).__name__}: {error}")
             synthetic += 1
     for sample in config.samples:
         try:
@@ -135,10 +155,10 @@ async def warm_up(
             checked = check_request("warmup", backend.inputs, backend.outputs, batching, request)
         except InvalidInput as exc:
             raise ModelLoadError(f"warmup sample {sample} does not fit the model: {exc}") from None
-        refused = await _run(runner, request.inputs, checked.rows, f"on sample {sample}", request.parameters)
-        if refused is not None:
-            raise ModelLoadError(f"warmup failed on sample {sample}: {refused}")
-    return WarmupReport(synthetic, len(config.samples), time.perf_counter() - started)
+        error = await _run(runner, request.inputs, checked.rows, request.parameters)
+        if error is not None:
+            raise ModelLoadError(f"warmup failed on sample {sample}: {type(error).__name__}: {error}")
+    return WarmupReport(synthetic, len(config.samples), time.perf_counter() - started, unwarmed)
 
 
 def _batch_sizes(config: WarmupConfig, policy: BatchPolicy, has_inputs: bool) -> list[int]:
@@ -151,22 +171,16 @@ def _batch_sizes(config: WarmupConfig, policy: BatchPolicy, has_inputs: bool) ->
 
 
 async def _run(
-    runner: Runner, inputs: Tensors, rows: int, where: str, parameters: dict[str, object] | None = None
-) -> str | None:
-    """Run one warmup request: None when it succeeded; what went wrong when the model ran but refused
-    the input (a ``ModelError``) or answered it with other row counts (unsplittable: made-up inputs
-    such as zeros may be filtered out by the model). Anything else fails the load."""
+    runner: Runner, inputs: Tensors, rows: int, parameters: dict[str, object] | None = None
+) -> Exception | None:
+    """Run one warmup request: None when it succeeded, else what it raised (or, for a request of the
+    batch, failed with)."""
     try:
         done = runner.run([Work(inputs, rows, parameters=dict(parameters or {}))])
         result = (done if isinstance(done, BatchResult) else await done).results[0]
     except Exception as exc:
-        result = exc
-    if isinstance(result, (InvalidInput, RowsMismatch)):
-        return f"{type(result).__name__}: {result}"
-    if isinstance(result, BaseException):
-        message = f"warmup failed {where}: {type(result).__name__}: {result}".replace("failed :", "failed:")
-        raise ModelLoadError(message)
-    return None
+        return exc
+    return result if isinstance(result, Exception) else None
 
 
 def _warmup_shape(

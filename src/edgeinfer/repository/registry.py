@@ -251,17 +251,20 @@ class Registry:
         loaded = await asyncio.get_running_loop().run_in_executor(None, load_model, source, self._context)
         serving = self._wire(loaded, self._models[source.name][source.version].recorder)
         try:
-            report = await warm_up(serving.runner, loaded.backend, loaded.policy, source.config.warmup)
+            report = await warm_up(
+                serving.runner, loaded.backend, loaded.policy, source.config.warmup, source.name
+            )
         except BaseException:
             await serving.retire()
             raise
         serving.warmup_s = report.seconds
         coverage = loaded.backend.ep_coverage
         log.info(
-            "loaded model %s version %s on %s in %.0f ms (warmup %.0f ms: %d synthetic runs, %d samples), "
+            "loaded model %s version %s on %s in %.0f ms (warmup %.0f ms: %d synthetic runs%s, %d samples), "
             "max_batch_size %d%s",
             source.name, source.version, loaded.backend.execution_provider, loaded.load_s * 1000,
-            report.seconds * 1000, report.synthetic, report.samples, loaded.policy.max_batch_size,
+            report.seconds * 1000, report.synthetic, f" of which {report.unwarmed} failed" if report.unwarmed
+            else "", report.samples, loaded.policy.max_batch_size,
             "; nodes by provider: " + ", ".join(f"{p} {share:.0%}" for p, share in coverage.items())
             if coverage else "",
         )  # fmt: skip
