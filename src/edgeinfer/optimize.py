@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.extras import MissingExtra, need
+
 log = logging.getLogger(__name__)
 
 Sample = dict[str, np.ndarray]
@@ -230,8 +232,9 @@ def to_fp16(source: Path, target: Path, keep_io_types: bool, fp32_tail: int = 0)
     The converter rounds weights held in Constant nodes (Paddle2ONNX writes them so) even for operators
     it is told to leave alone, so those become initializers first; unnamed operators get names, as the
     converter picks operators by name."""
-    import onnx
-    from onnxruntime.transformers.float16 import convert_float_to_float16
+    onnx = need("onnx", "edgeinfer optimize --fp16")
+    float16 = need("onnxruntime.transformers.float16", "edgeinfer optimize --fp16")
+    convert_float_to_float16 = float16.convert_float_to_float16
 
     model = onnx.load(str(source))
     keep: list[str] = []
@@ -294,8 +297,8 @@ def to_int8(
     """ONNX Runtime's quantizer, after its pre-processing: shape inference (without the types, the
     quantizer stops with "Unable to find data type") and weights as initializers (exporters such as
     Paddle2ONNX write them as Constant nodes, which the quantizer does not take)."""
-    import onnx
-    from onnxruntime import quantization as q
+    onnx = need("onnx", "edgeinfer optimize --int8")
+    q = need("onnxruntime.quantization", "edgeinfer optimize --int8")
 
     if mode == "static" and not calibration:
         raise OptimizeError("--int8 static needs --calibration DIR (sample requests)")
@@ -322,7 +325,7 @@ def to_int8(
         else:
             samples = calibration or []
 
-            class Reader(q.CalibrationDataReader):  # type: ignore[misc]
+            class Reader(q.CalibrationDataReader):  # type: ignore[misc,name-defined]
                 def __init__(self) -> None:
                     self._samples = iter(progress.each("calibrating", samples))
 
@@ -485,6 +488,9 @@ def main(args: Any, out: Callable[[str], None] = print) -> int:
             args.fp16_keep_tail, Path(args.calibration) if args.calibration else None,
             Path(args.samples) if args.samples else None, args.max_drop, args.tolerance,
         )  # fmt: skip
+    except MissingExtra as error:
+        print(f"edgeinfer optimize: {error}", file=sys.stderr)
+        return 2
     except OptimizeError as error:
         print(f"edgeinfer optimize: {error}", file=sys.stderr)
         return 1

@@ -52,6 +52,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from edgeinfer import __version__
 from edgeinfer.config import TracingConfig
 from edgeinfer.errors import ConfigError, describe
+from edgeinfer.extras import missing
 from edgeinfer.outcome import Outcome, RequestTrace
 from edgeinfer.runners import BatchTimes
 
@@ -424,8 +425,8 @@ def _otlp_exporter() -> SpanExporter:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[assignment]
                 OTLPSpanExporter,
             )
-    except ImportError:
-        raise ConfigError(
+    except ImportError as exc:
+        raise missing(exc, "exporting traces over OTLP") or ConfigError(
             "exporting traces over OTLP needs the OTLP exporter: pip install 'edgeinfer[otel]'"
         ) from None
     return OTLPSpanExporter()

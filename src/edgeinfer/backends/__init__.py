@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from edgeinfer.errors import ModelLoadError
+from edgeinfer.extras import missing
 from edgeinfer.protocol.types import InferRequest, TensorSpec
 from edgeinfer.runners import Runner, RunnerSettings, Tensors
 
@@ -90,7 +92,13 @@ _BACKEND_MODULES = {
 
 def load_backend(path: str, config: ModelConfig, name: str, context: LoadContext) -> Backend:
     """Load the model at ``path`` (none for Python models and pipelines) with ``config.backend``."""
-    module = importlib.import_module(_BACKEND_MODULES[config.backend])
+    try:
+        module = importlib.import_module(_BACKEND_MODULES[config.backend])
+    except ImportError as exc:
+        extra = missing(exc, f"the {config.backend} backend")
+        if extra is None:
+            raise
+        raise ModelLoadError(str(extra)) from None
     backend: Backend = module.load(path, config, name, context)
     return backend
 

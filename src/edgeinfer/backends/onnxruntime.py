@@ -200,7 +200,7 @@ def _graph_facts(path: str) -> dict[str, Any]:
     try:
         import onnx
     except ImportError:
-        return {"graph_facts": "install onnx for opsets, operators and parameters of the file"}
+        return {"graph_facts": "opsets, operators and parameters need onnx: pip install 'edgeinfer[tools]'"}
     model = onnx.load(path, load_external_data=False)
     ops: dict[str, int] = {}
     for node in model.graph.node:

@@ -46,6 +46,7 @@ import orjson
 
 from edgeinfer.backends import LoadContext, can_batch
 from edgeinfer.errors import ConfigError, InferenceFailed, InvalidInput, ModelLoadError
+from edgeinfer.extras import missing
 from edgeinfer.protocol.datatypes import numpy_dtype
 from edgeinfer.protocol.types import Parameters, TensorSpec
 from edgeinfer.runners import BatchTimes, Result, Runner, RunnerSettings, Work
@@ -325,7 +326,10 @@ def import_class(target: str) -> type[Model]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ModelLoadError(f"cannot import {module_name!r} for model_class {target!r}: {exc}") from None
+        extra = missing(exc, f"model_class {target!r}")
+        raise ModelLoadError(
+            str(extra) if extra else f"cannot import {module_name!r} for model_class {target!r}: {exc}"
+        ) from None
     cls = getattr(module, class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, Model)):
         raise ModelLoadError(f"model_class {target!r} is not a subclass of edgeinfer.Model")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.errors import ConfigError, ModelLoadError
+from edgeinfer.extras import need
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,7 @@ class S3Mirror:
     def __init__(self, url: str, cache_dir: Path, endpoint_url: str | None) -> None:
         if not url.startswith("s3://"):
             raise ConfigError(f"model_store_path {url!r}: only s3:// remote repositories are supported")
-        try:
-            import s3fs  # an optional dependency: pip install 'edgeinfer[s3]'
-        except ImportError:
-            raise ConfigError("an s3:// repository needs s3fs: pip install 'edgeinfer[s3]'") from None
+        s3fs = need("s3fs", f"the s3:// model repository {url}")
         client_kwargs: dict[str, Any] = {"endpoint_url": endpoint_url} if endpoint_url else {}
         self.fs = s3fs.S3FileSystem(
             client_kwargs=client_kwargs, skip_instance_cache=True, use_listings_cache=False

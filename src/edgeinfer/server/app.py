@@ -33,6 +33,7 @@ from edgeinfer.backends import LoadContext
 from edgeinfer.canary import Canaries, held_versions, stable_version
 from edgeinfer.config import Config, ModelConfig, ServerConfig, TracingConfig, parse
 from edgeinfer.errors import ConfigError
+from edgeinfer.extras import missing
 from edgeinfer.logs import AccessLog, setup_logging
 from edgeinfer.metrics import Metrics, Snapshot
 from edgeinfer.repository.poller import RepositoryPoller
@@ -451,7 +452,7 @@ def start_tracing(config: TracingConfig) -> Tracing | None:
     try:
         from edgeinfer import tracing
     except ImportError as exc:
-        raise ConfigError(
+        raise missing(exc, "tracing.enabled") or ConfigError(
             f"tracing.enabled needs the OpenTelemetry SDK, which does not import ({exc}): "
             "pip install 'edgeinfer[otel]'"
         ) from None
