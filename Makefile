@@ -64,14 +64,17 @@ test: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/pytest
 
-# Debian packages the deploy tests start (nginx, podman + runc + debootstrap for the image) and the font
-# the OCR tests render text with; CI runs this
-# before `make test`. Without them those tests skip and say why.
-SYSTEM_PACKAGES := nginx-light podman runc debootstrap curl fonts-dejavu-core chromium chromium-driver
+# Everything outside the venv the suite needs: Debian packages the deploy tests start (nginx, podman + runc
+# + debootstrap for the image, systemd-analyze for the unit file), curl for the README's examples, the font
+# the OCR tests render text with, Chromium for the status page; and kubectl (with kustomize) and helm for
+# the manifests, which Debian has too old or not at all (scripts/fetch_kube_tools.py). CI runs this before
+# `make test`, and there a test that skips fails (tests/conftest.py); elsewhere those tests skip and say why.
+SYSTEM_PACKAGES := nginx-light podman runc debootstrap curl fonts-dejavu-core chromium chromium-driver systemd
 system-packages:
 	@missing="$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)"; \
 	if [ -n "$$missing" ]; then echo "installing $$missing (Debian packages)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
+	$(PYTHON) scripts/fetch_kube_tools.py /usr/local/bin
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix src tests bench scripts examples

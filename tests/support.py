@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import shutil
 import socket
 import ssl
 import subprocess
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 import orjson
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -39,6 +41,14 @@ NUMERIC_DTYPES: dict[str, type] = {
     "FP32": np.float32,
     "FP64": np.float64,
 }
+
+
+def needs_tool(name: str) -> pytest.MarkDecorator:
+    """Skip where the program ``name`` is not on PATH; in CI that skip is a failure (tests/conftest.py),
+    so a machine without what ``make system-packages`` installs cannot pass by skipping."""
+    return pytest.mark.skipif(
+        shutil.which(name) is None, reason=f"{name} is not installed (make system-packages installs it)"
+    )
 
 
 def free_port() -> int:

@@ -18,7 +18,11 @@ FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
 
 def render(lines: list[str], size: int = 32, width: int | None = None) -> bytes:
     """PNG bytes: black text on white, one line under the other, with margins."""
-    font = ImageFont.truetype(str(FONT), size) if FONT.is_file() else ImageFont.load_default(size)
+    if not FONT.is_file():  # Pillow's default font reads differently: the expectations are for this one
+        raise FileNotFoundError(
+            f"{FONT} is missing: install Debian's fonts-dejavu-core (make system-packages)"
+        )
+    font = ImageFont.truetype(str(FONT), size)
     boxes = [font.getbbox(line) for line in lines]
     line_height = int(size * 1.8)
     text_width = max(box[2] for box in boxes)

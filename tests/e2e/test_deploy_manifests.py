@@ -45,7 +45,9 @@ def _render(overlay: str) -> list[dict[str, Any]]:
 @cache
 def rendered(overlay: str) -> tuple[dict[str, Any], ...]:
     if shutil.which("kubectl") is None:
-        pytest.skip("kubectl is not installed: the overlays cannot be rendered")
+        pytest.skip(
+            "kubectl is not installed (make system-packages installs it): the overlays cannot be rendered"
+        )
     return tuple(_render(overlay))
 
 

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from PIL import Image
 
-from tests.support import ROOT, ServerProcess, request
+from tests.support import ROOT, ServerProcess, needs_tool, request
 
 OCR = ROOT / "examples" / "ocr"
 sys.path.insert(0, str(OCR))
@@ -47,6 +47,7 @@ def texts(document: dict) -> list[str]:
     return next(output["data"] for output in document["outputs"] if output["name"] == "TEXT")
 
 
+@needs_tool("curl")
 def test_the_readme_curl_call_reads_the_bundled_image(server: ServerProcess, tmp_path: Path):
     body = {
         "inputs": [

@@ -25,6 +25,7 @@ from tests.support import (
     grpc_refusal,
     infer_body,
     metric,
+    needs_tool,
     queue_state,
     request,
     scrape,
@@ -390,6 +391,7 @@ def test_a_grpc_client_with_a_retry_policy_retries_when_the_pushback_says(specia
     assert took >= 0.1, "the retry waited for the batch ahead, not the policy's 10 ms"
 
 
+@needs_tool("curl")
 def test_curl_expecting_100_continue_gets_the_refusal_and_sends_no_body(special_server, tmp_path: Path):
     port = special_server.port
     (tmp_path / "body.json").write_bytes(orjson.dumps(slow_body(1)))

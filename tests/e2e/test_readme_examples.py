@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
 import orjson
-import pytest
 
-from tests.support import EXAMPLES, ServerProcess
+from tests.support import EXAMPLES, ServerProcess, needs_tool
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+@needs_tool("curl")
 def test_curl_example(example_server: ServerProcess):
     script = EXAMPLES / "clients" / "curl_infer.sh"
     env = {**os.environ, "URL": f"http://127.0.0.1:{example_server.port}"}

@@ -27,7 +27,17 @@ import trustme
 from tritonclient.utils import InferenceServerException
 
 from edgeinfer.server.auth import digest
-from tests.support import ROOT, Reply, ServerProcess, infer_body, matmul_model, metric, request, rollout
+from tests.support import (
+    ROOT,
+    Reply,
+    ServerProcess,
+    infer_body,
+    matmul_model,
+    metric,
+    needs_tool,
+    request,
+    rollout,
+)
 
 INFER_KEY = "infer-key-0123456789abcdef"
 ADMIN_KEY = "admin-key-0123456789abcdef"
@@ -310,6 +320,7 @@ def test_keys_are_never_logged_or_echoed_and_refusals_are_counted(secured: Serve
     assert "auth is OFF" not in log, "keys are configured: no warning"
 
 
+@needs_tool("curl")
 def test_an_upload_without_a_key_is_refused_before_its_body_and_counted_once(
     secured: ServerProcess, pki: Pki, tmp_path: Path
 ):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import shutil
 import subprocess
 import sys
 import threading
@@ -17,7 +16,7 @@ import orjson
 import pytest
 from PIL import Image
 
-from tests.support import EXAMPLES, free_port, request, wait_ready
+from tests.support import EXAMPLES, free_port, needs_tool, request, wait_ready
 
 SERVICE = EXAMPLES / "seed_service" / "serve.py"
 
@@ -58,7 +57,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         log.close()
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+@needs_tool("curl")
 def test_the_seeds_curl_gets_the_top_5(service: int, images: str):
     # as the seed writes it, with a local image instead of Wikimedia's cat
     url = f"http://localhost:{service}/v2/models/resnet18-classifier/versions/1.0/infer"

@@ -71,3 +71,14 @@ def test_reading_order_is_by_line_then_left_to_right():
         [100, 58, 180, 92],  # line 2, right
     ]
     assert reading_order(boxes) == [2, 0, 1, 3]
+
+
+def test_rendering_refuses_to_fall_back_to_another_font(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """The rendered text's expectations are for DejaVu Sans: without it rendering fails, naming the
+    package, instead of silently drawing in Pillow's default font."""
+    import render
+
+    assert render.FONT.is_file(), "fonts-dejavu-core is installed (make system-packages)"
+    monkeypatch.setattr(render, "FONT", tmp_path / "missing.ttf")
+    with pytest.raises(FileNotFoundError, match="install Debian's fonts-dejavu-core"):
+        render.render(["text"])
