@@ -623,6 +623,12 @@ def _resolve_paths(config: Config, base_dir: Path, source: str) -> Config:
         if model.backend == "python":
             if not model.model_class:
                 raise ConfigError(f"{source}: models.{name}.model_class: required for backend: python")
+            module, _, class_name = model.model_class.partition(":")
+            if not module or not class_name:
+                raise ConfigError(
+                    f"{source}: models.{name}.model_class: {model.model_class!r} must look like "
+                    "'package.module:ClassName'"
+                )
             models[name] = model
             continue
         if model.backend == "pipeline":

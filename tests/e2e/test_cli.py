@@ -260,25 +260,35 @@ def _status(port: int, path: str) -> int | None:
 
 
 @pytest.mark.parametrize(
-    ("model", "words"),
-    [
-        ("'no_such_module:Model'", "cannot import 'no_such_module' for model_class 'no_such_module:Model'"),
-        ("'tests.python_models.models:NotAModel'", "is not a subclass of edgeinfer.Model"),
+    ("model", "code", "words"),
+    [  # README: 2 for a configuration error (naming the key and file), 1 for a model that cannot load
+        (
+            "'no_such_module:Model'",
+            1,
+            "cannot import 'no_such_module' for model_class 'no_such_module:Model'",
+        ),
+        ("'tests.python_models.models:NotAModel'", 1, "is not a subclass of edgeinfer.Model"),
         (
             "'tests.python_models.models:FailsToLoad'",
+            1,
             "FailsToLoad.load failed: FileNotFoundError: weights.bin",
         ),
-        ("'tests.python_models.models'", "must look like 'package.module:ClassName'"),
+        (
+            "'tests.python_models.models'",
+            2,
+            "config.yaml: models.m.model_class: 'tests.python_models.models' must look like "
+            "'package.module:ClassName'",
+        ),
     ],
 )
-def test_a_python_model_that_cannot_be_built_is_named(tmp_path, model, words):
+def test_a_python_model_that_cannot_be_built_is_named(tmp_path, model, code, words):
     (tmp_path / "config.yaml").write_text(f"models:\n  m: {{backend: python, model_class: {model}}}\n")
     result = edgeinfer(
         "serve", "--config", str(tmp_path / "config.yaml"), "--no-grpc",
         "--http-port", str(free_port()), "--metrics-port", str(free_port()),
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
-    assert result.returncode in (1, 2)
+    assert result.returncode == code, result.stderr
     assert words in result.stderr
     assert "Traceback" not in result.stderr
 

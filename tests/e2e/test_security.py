@@ -37,6 +37,7 @@ from tests.support import (
     needs_tool,
     request,
     rollout,
+    wait_for,
 )
 
 INFER_KEY = "infer-key-0123456789abcdef"
@@ -307,10 +308,14 @@ def test_keys_are_never_logged_or_echoed_and_refusals_are_counted(secured: Serve
     reply = request(secured.port, "POST", "/v2/models/simple/infer", ONE_ROW, bearer(wrong), tls=tls)
     assert reply.status == 401
     assert wrong not in reply.body.decode()
-    request(
-        secured.port, "POST", "/v2/models/simple/infer", {"inputs": "nonsense"}, bearer(INFER_KEY), tls=tls
-    )
+    refused = {**bearer(INFER_KEY), "x-request-id": "refused-with-a-key"}
+    request(secured.port, "POST", "/v2/models/simple/infer", {"inputs": "nonsense"}, refused, tls=tls)
+    last = {**bearer(INFER_KEY), "x-request-id": "after-the-others"}
+    assert request(secured.port, "POST", "/v2/models/simple/infer", ONE_ROW, last, tls=tls).status == 200
+    # access lines are written after their answers, in order: once the last one is there, all are
+    wait_for(lambda: "after-the-others" in secured.log(), what="the last request's access line")
     log = secured.log()
+    assert "refused-with-a-key" in log, "the refused request's access line (with its message) was read"
     for secret in (INFER_KEY, ADMIN_KEY, METRICS_KEY, wrong):
         assert secret not in log
     samples = scrape_tls(secured, tls)

@@ -107,6 +107,6 @@ def outside_range(values: np.ndarray, dtype: np.dtype) -> str | None:
 
 
 def _outside(value: float, limits: np.iinfo) -> str:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # an integer beyond 64 bits as JSON wrote it (as its nearest double)
-    return f"{value!r} is outside [{limits.min}, {limits.max}]"
+    # an integral float is an integer beyond 64 bits as JSON wrote it (as its nearest double)
+    shown = repr(int(value)) if isinstance(value, float) and value.is_integer() else repr(value)
+    return f"{shown} is outside [{limits.min}, {limits.max}]"
