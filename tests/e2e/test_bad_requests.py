@@ -188,7 +188,7 @@ BAD_REQUESTS = [
         "/v2/models/all_dtypes/infer",
         {"inputs": [tensor("IN_INT8", (1, 4), "INT8", [1, 2, 300, 4])]},
         400,
-        "input 'IN_INT8': data does not fit datatype INT8: a value is outside [-128, 127]",
+        "input 'IN_INT8': data does not fit datatype INT8: 300 is outside [-128, 127]",
     ),
     (
         "a negative integer for an unsigned one",
@@ -196,7 +196,7 @@ BAD_REQUESTS = [
         "/v2/models/all_dtypes/infer",
         {"inputs": [tensor("IN_UINT64", (1, 4), "UINT64", [-1, 0, 0, 0])]},
         400,
-        "input 'IN_UINT64': data does not fit datatype UINT64: a value is outside [0, 18446744073709551615]",
+        "input 'IN_UINT64': data does not fit datatype UINT64: -1 is outside [0, 18446744073709551615]",
     ),
     (
         "a float for an integer, even a whole one",

@@ -22,7 +22,16 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
-from tests.support import ROOT, ServerProcess, grpc_refusal, infer_body, matmul_model, request, scrape
+from tests.support import (
+    ROOT,
+    ServerProcess,
+    grpc_refusal,
+    infer_body,
+    matmul_model,
+    request,
+    scrape,
+    wait_queue,
+)
 
 ONE_ROW = infer_body({"X": np.ones((1, 16), np.float32)})
 TIMEOUT_S = 0.5
@@ -239,7 +248,9 @@ def test_idle_keepalive_connections_are_closed(limited: ServerProcess):
 def test_connections_over_the_limit_get_503(limited: ServerProcess):
     held = [socket.create_connection(("127.0.0.1", limited.port), timeout=10) for _ in range(6)]
     try:
-        time.sleep(0.2)  # every one of them is accepted
+        for sock in held:  # an answer on each: every one of them is accepted (and kept alive)
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         answer = raw_exchange(limited.port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
         assert status_and_error(answer) == (
             503,
@@ -277,7 +288,7 @@ def test_concurrent_grpc_calls_over_the_limit_are_refused(limited: ServerProcess
     try:
         for thread in threads:
             thread.start()
-        time.sleep(0.5)  # both are being answered now
+        wait_queue(limited.port, "sleepy", queued=0, inflight=2)  # both are being answered now
         with pytest.raises(InferenceServerException) as raised:
             clients[2].infer("sleepy", [data])
         assert raised.value.status() == "StatusCode.RESOURCE_EXHAUSTED"

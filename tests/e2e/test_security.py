@@ -537,10 +537,12 @@ def test_workers_serve_tls_and_keys_and_reload_on_sighup(pki: Pki, tmp_path: Pat
         cert.private_key_pem.write_to_path(str(folder / "key.pem"))
         cert.cert_chain_pems[0].write_to_path(str(folder / "cert.pem"))
         assert server.process is not None
+        reloads = server.log().count("TLS certificate reloaded")
         server.process.send_signal(signal.SIGHUP)
         trust_new = pki.client_context(trust=new_ca)
-        wait_until_served(server.port, trust_new)
-        time.sleep(0.5)  # every worker has had the signal by now
+        wait_for(  # the supervisor and each of its two workers say so once they have read the new files
+            lambda: server.log().count("TLS certificate reloaded") == reloads + 3, what="every reload"
+        )
         for _ in range(10):
             assert request(server.port, "GET", "/v2/health/live", tls=trust_new).status == 200
         assert wait_until_served(server.metrics_port, trust_new).status == 404  # the supervisor's port too

@@ -88,10 +88,12 @@ def test_other_processes_taking_every_cpu_move_the_work_to_the_low_thread_and_ba
     assert (policy, nice) == (os.SCHED_OTHER, loop_nice + LOW_NICE)
     assert "-idle" in freed[-1][0], f"did not go back: {freed}"
     moves = [(record.levelname, record.getMessage()) for record in caplog.records]
-    assert len(moves) == 2, "one move each way, each logged once"
-    assert moves[0][0] == "WARNING"
-    assert "leaves the idle thread little CPU" in moves[0][1]
-    assert moves[1] == ("INFO", "test-offload: the CPU is free again; running on the idle thread")
+    # one line a move, the moves alternating: the host may take the CPU (and give it back) more than
+    # once while the test runs, so the count is not fixed, but a move is never logged twice
+    assert len(moves) >= 2, moves
+    assert [level for level, _ in moves] == ["WARNING", "INFO"] * (len(moves) // 2), moves
+    assert all("leaves the idle thread little CPU" in message for _, message in moves[::2]), moves
+    assert set(moves[1::2]) == {("INFO", "test-offload: the CPU is free again; running on the idle thread")}
 
 
 @linux_only
