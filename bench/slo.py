@@ -571,8 +571,12 @@ def targets(
                 if not p.holds(slo_ms):
                     break
                 held = p.offered
-            best = max((p.goodput for p in steps if p.p99_ms <= slo_ms and p.errors == 0), default=0.0)
-            by_config[config] = {"holds_slo_up_to": held, "best_goodput_within_slo": best}
+            # every run of the configuration counts for its best throughput: its ramp steps, the
+            # repeats of R*'s candidates (which a fixed config often answers better the second time)
+            # and, for ours, the step at the target's rate
+            runs = [p for p in mine if p.config == config]
+            best = max((p.goodput for p in runs if p.p99_ms <= slo_ms and p.errors == 0), default=0.0)
+            by_config[config] = {"holds_slo_up_to": held, "best_goodput_within_slo": best, "runs": len(runs)}
         fixed = {name: values for name, values in by_config.items() if name != "slo"}
         at_target = next((p for p in mine if p.at_target), None)
         best_fixed = max(fixed, key=lambda name: fixed[name]["best_goodput_within_slo"])
@@ -650,9 +654,12 @@ def targets_table(summary: dict) -> str:
             f"{entry['slo_holds_up_to_share_of_sustainable']:.3f} "
             f"(best fixed, {entry['best_fixed']}: {entry['best_fixed_holds_up_to_share']:.3f}){at_target} |"
         )
+        runs = {config: values["runs"] for config, values in entry["configs"].items()}
+        best = entry["best_fixed"]
         lines.append(
             f"| {model}: throughput within the SLO / best fixed | >= 0.90 | "
-            f"{entry['throughput_within_slo_vs_best_fixed']:.2f} |"
+            f"{entry['throughput_within_slo_vs_best_fixed']:.2f} (the best of every run: {runs['slo']} of "
+            f"the SLO config, {runs[best]} of {best}, {sum(runs.values())} in all) |"
         )
         if over:
             lines.append(

@@ -519,14 +519,15 @@ class Config(_Frozen):
         return models
 
 
-def available_cpus() -> int:
-    """CPUs this process may run on: its affinity mask, capped by a cgroup v2 CPU quota (containers)."""
+def available_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """CPUs this process may run on: its affinity mask, capped by a cgroup v2 CPU quota (containers;
+    ``cgroup``: where the process's cgroup files are)."""
     try:
         count = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         count = os.cpu_count() or 1
     try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
     except (OSError, ValueError):
         return count
     if quota == "max":

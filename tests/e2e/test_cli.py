@@ -201,8 +201,10 @@ def test_make_serve_answers_ready(tmp_path):
         process.wait(timeout=20)
 
 
-def test_sigterm_answers_what_is_in_flight_and_ready_turns_503(tmp_path):
-    """While a received request finishes, the server is not ready any more; then it exits 0."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_answers_what_is_in_flight_and_ready_turns_503(tmp_path, signum):
+    """While a received request finishes, the server is not ready any more; then it exits 0. SIGINT
+    (Ctrl-C) drains as SIGTERM does (README)."""
     slow_model(tmp_path / "slow.onnx")
     (tmp_path / "config.yaml").write_text(
         "models:\n  slow: {model_path: slow.onnx, max_batch_size: 0,"
@@ -217,7 +219,7 @@ def test_sigterm_answers_what_is_in_flight_and_ready_turns_503(tmp_path):
     try:
         client.async_infer("slow", [tensor], lambda result, error: answers.put((result, error)))
         wait_queue(server.port, "slow", 0, 1)
-        server.process.send_signal(signal.SIGTERM)
+        server.process.send_signal(signum)
         while answers.empty() and None not in seen:  # the gRPC call drains; HTTP answers meanwhile
             seen.append(_status(server.port, "/v2/health/ready"))
         result, error = answers.get(timeout=30)

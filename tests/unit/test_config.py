@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from edgeinfer.config import Config, ModelConfig, load_config, parse
+from edgeinfer.config import Config, ModelConfig, available_cpus, load_config, parse
 from edgeinfer.errors import ConfigError
 from tests.support import matmul_model
 
@@ -247,3 +248,24 @@ def test_tls_and_key_files_are_relative_to_the_config_file(tmp_path):
     assert server.tls is not None
     assert server.tls.cert_file == str(tmp_path / "sub" / "c.pem")
     assert server.auth.keys_file == str(tmp_path / "sub" / "keys.yaml")
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "expected"),
+    [
+        ("max 100000\n", None),  # no quota: the affinity mask
+        ("100000 100000\n", 1),
+        ("150000 100000\n", 2),  # 1.5 CPUs of quota: two processes can use it
+        ("50000 100000\n", 1),  # at least one
+        (None, None),  # no cgroup v2 file (not in a container, or cgroup v1)
+    ],
+)
+def test_workers_auto_follows_the_cpu_quota(tmp_path, cpu_max, expected):
+    """docs/deployment.md: ``workers: auto`` is one worker per CPU this process may use, a container's CPU
+    quota included (cgroup v2's cpu.max), never more than its affinity mask."""
+    if cpu_max is not None:
+        (tmp_path / "cpu.max").write_text(cpu_max)
+    mask = len(os.sched_getaffinity(0))
+    assert available_cpus(tmp_path) == (mask if expected is None else min(expected, mask))
+    auto = parse(Config, {"server": {"workers": "auto"}}, "x").server
+    assert auto.worker_count == available_cpus()
