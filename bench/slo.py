@@ -247,7 +247,7 @@ def light_load(paths: dict[str, Path], slos: dict[str, float], seconds: float) -
     port = run.free_port()
     fastapi = run.Process(
         "fastapi-slo",
-        [sys.executable, str(HERE / "baseline_fastapi.py"), str(port), "1", f"tiny={paths['tiny']}"],
+        [sys.executable, str(HERE / "baseline_fastapi.py"), str(port), "1", "loop", f"tiny={paths['tiny']}"],
         port,
     )
     ratios, repeated = [], []
