@@ -449,6 +449,20 @@ def _try_request(port: int, tls: ssl.SSLContext) -> Reply | None:
         return None
 
 
+def test_optional_client_auth_serves_clients_without_a_certificate_or_with_the_cas(
+    secured: ServerProcess, pki: Pki
+):
+    """docs/security.md, ``client_auth: optional``: a client may show no certificate (its API key decides)
+    or one the configured CA issued; a certificate of another CA is refused in the handshake."""
+    for cert in (None, pki.client):
+        tls = pki.client_context(cert=cert)
+        reply = request(secured.port, "POST", "/v2/models/simple/infer", ONE_ROW, bearer(INFER_KEY), tls=tls)
+        assert reply.status == 200, (cert, reply.body)
+    with pytest.raises(ssl.SSLError) as refused:
+        request(secured.port, "GET", "/v2/health/live", tls=pki.client_context(cert=pki.stranger))
+    assert refused.value.reason == "TLSV1_ALERT_UNKNOWN_CA", refused.value
+
+
 def test_mutual_tls_accepts_the_ca_clients_and_refuses_the_rest(mutual: ServerProcess, pki: Pki):
     ok = request(
         mutual.port, "POST", "/v2/models/simple/infer", ONE_ROW, tls=pki.client_context(cert=pki.client)

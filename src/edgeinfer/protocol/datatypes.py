@@ -106,7 +106,7 @@ def outside_range(values: np.ndarray, dtype: np.dtype) -> str | None:
     return _outside(flat[int(np.argmax(outside))].item(), limits) if outside.any() else None
 
 
-def _outside(value: float, limits: np.iinfo) -> str:
+def _outside(value: object, limits: np.iinfo) -> str:  # object: compiled, a float parameter rounds ints
     # an integral float is an integer beyond 64 bits as JSON wrote it (as its nearest double)
     shown = repr(int(value)) if isinstance(value, float) and value.is_integer() else repr(value)
     return f"{shown} is outside [{limits.min}, {limits.max}]"
