@@ -28,9 +28,10 @@ from tests.support import (
     grpc_refusal,
     infer_body,
     matmul_model,
+    queue_state,
     request,
     scrape,
-    wait_queue,
+    wait_for,
 )
 
 ONE_ROW = infer_body({"X": np.ones((1, 16), np.float32)})
@@ -288,7 +289,8 @@ def test_concurrent_grpc_calls_over_the_limit_are_refused(limited: ServerProcess
     try:
         for thread in threads:
             thread.start()
-        wait_queue(limited.port, "sleepy", queued=0, inflight=2)  # both are being answered now
+        # both calls are open streams now: received, one running and one queued behind it
+        wait_for(lambda: queue_state(limited.port, "sleepy")[1] == 2, what="two calls in flight")
         with pytest.raises(InferenceServerException) as raised:
             clients[2].infer("sleepy", [data])
         assert raised.value.status() == "StatusCode.RESOURCE_EXHAUSTED"

@@ -73,7 +73,7 @@ def test_without_the_grpc_port_grpcio_is_never_imported(tmp_path: Path, argument
         process.terminate()
         code, output = ended(process)
     assert code == 0, output
-    assert "gRPC" not in output.replace("no gRPC", ""), output
+    assert "gRPC on (off)" in output, output
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +99,7 @@ def https_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int,
     thread.start()
     yield httpd.server_address[1], folder, ca_file
     httpd.shutdown()
+    httpd.server_close()
 
 
 @pytest.mark.parametrize("digest_matches", [True, False], ids=["sha256-matches", "sha256-differs"])
