@@ -157,10 +157,7 @@ def test_a_candidate_that_errors_is_rolled_back_within_an_interval(server: Serve
     of each step's requests is within that step's share, and the rollback comes within one interval of
     the step it happens in."""
 
-    def body(index: int) -> dict:
-        bad = index % 20 == 0  # 5 % of the inputs are out of range for the candidate
-        return infer_body({"X": np.ones((1, 4), np.float32), "I": np.array([9 if bad else 1], np.int64)})
-
+    body = errs_body
     statuses: Counter = Counter()
     steps: list[tuple[float, Counter, Counter, float]] = []  # share, counts before, after, seconds
     share, before, since = (
@@ -291,7 +288,24 @@ def test_a_quiet_box_holds_its_step_and_the_api_steers(server: ServerProcess):
     )
 
 
+def errs_body(index: int) -> dict:
+    """A request for ``errs``: 5 % of the inputs are out of range for its candidate, which fails on them."""
+    bad = index % 20 == 0
+    return infer_body({"X": np.ones((1, 4), np.float32), "I": np.array([9 if bad else 1], np.int64)})
+
+
+def decided(server: ServerProcess, model: str, body_of: object) -> str:
+    """Drive ``model`` until its canary has decided (at once if it already has: the tests before this one
+    in the module did it), and say how."""
+    drive(server, model, lambda: state(server, model)["status"] != "running", 30, body_of)
+    return state(server, model)["status"]
+
+
 def test_decisions_survive_a_restart(server: ServerProcess, root: Path):
+    """Run alone too: it makes the two decisions it checks when no test before it has."""
+    assert decided(server, "errs", errs_body) == "rolled_back"
+    assert decided(server, "healthy", matmul_body) == "promoted"
+    wait_for(lambda: ready_versions(server, "healthy") == {"2"}, what="version 1 retired")
     server.stop()
     again = start(root)
     try:
