@@ -25,7 +25,9 @@
 8. tracing (unless --no-tracing; needs the `otel` extra, in the dev environment): `tiny` over JSON at
    concurrency 1 and 64 with OpenTelemetry tracing off and on (sampling ratios 0.01 and 1, spans
    exported over OTLP/HTTP to bench/otlp_sink.py), alternating, three rounds;
-9. prints the tables and writes them as JSON and Markdown under bench/results/ (latest.md). "vs
+9. the headline case, `tiny` over JSON, once more on a server with the default logging (every other
+   case logs at WARNING, which turns the access log off);
+10. prints the tables and writes them as JSON and Markdown under bench/results/ (latest.md). "vs
    in-process" divides the served rows/s by in-process rows/s at the measured batch size nearest the
    mean batch actually formed. With --reference (every case must be selected) the run becomes
    bench/results/reference.md, the README's table is regenerated from it and the ramp's plot becomes
@@ -417,8 +419,12 @@ def measure(
     )
 
 
-def edgeinfer_config(paths: dict[str, Path], threads: int, python: bool = False) -> Path:
-    """The benchmark's server config; ``python``: with the pure-Python models too (the scaling cases)."""
+def edgeinfer_config(
+    paths: dict[str, Path], threads: int, python: bool = False, default_logging: bool = False
+) -> Path:
+    """The benchmark's server config; ``python``: with the pure-Python models too (the scaling cases).
+    Logging at WARNING, which turns the access log off, unless ``default_logging`` (INFO, an access line
+    for every request, as a server started without a logging key writes)."""
     config = {
         "models": {
             "tiny": {
@@ -456,9 +462,30 @@ def edgeinfer_config(paths: dict[str, Path], threads: int, python: bool = False)
     else:
         # a second copy of tiny: the routing case splits tiny's traffic 90/10 between the two
         config["models"][ROUTED_TO] = config["models"]["tiny"]
-    path = WORK / ("edgeinfer-python.yaml" if python else "edgeinfer.yaml")
+    if default_logging:
+        del config["logging"]
+    name = "edgeinfer-python" if python else "edgeinfer-logging" if default_logging else "edgeinfer"
+    path = WORK / f"{name}.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
     return path
+
+
+def with_default_logging(
+    paths: dict[str, Path], threads: int, body: Body, concurrencies: list[int], seconds: float, limit: dict
+) -> list[Row]:
+    """The headline case, `tiny` over JSON, on a server with the default logging: every other case runs
+    at WARNING, without the access log a default server writes."""
+    server = edgeinfer_process(edgeinfer_config(paths, threads, default_logging=True), 1, "edgeinfer-logging")
+    rows = []
+    try:
+        for concurrency in concurrencies:
+            row = measure(server, "edgeinfer (default logging)", "tiny", "json", body, concurrency, seconds,
+                          False, limit)  # fmt: skip
+            rows.append(row)
+            print(table_line(row), flush=True)
+    finally:
+        server.stop()
+    return rows
 
 
 TABLE_HEADER = (
@@ -935,6 +962,11 @@ def main() -> None:
         for server in servers.values():
             server.stop()
 
+    logged_rows: list[Row] = []
+    if "edgeinfer" in args.servers and "tiny" in wanted_models and "json" in protocols:
+        logged_rows = with_default_logging(
+            paths, args.threads, bodies["tiny", "json"], concurrencies, args.duration, limits["tiny"]
+        )
     traced_rows: list[Row] = []
     tracing_summary: dict = {}
     if "edgeinfer" in args.servers and "tiny" in wanted_models and not args.no_tracing:
@@ -964,6 +996,7 @@ def main() -> None:
         "inprocess_ceilings": ceilings,
         "footprint": footprint,
         "rows": [asdict(row) for row in rows],
+        "default_logging_rows": [asdict(row) for row in logged_rows],
         "scaling_rows": [asdict(row) for row in scaled],
         "scaling_ratios": ratios,
         "routing_rows": [asdict(row) for row in routed_rows],
@@ -981,6 +1014,11 @@ def main() -> None:
         + json.dumps({m: {b: round(r) for b, r in lim.items()} for m, lim in limits.items()})
         + f"\n\nFootprint: {json.dumps(footprint)}\n\n{summary}\n"
     )
+    if logged_rows:
+        markdown += (
+            "\nEvery case above logs at WARNING, which turns the access log off. The headline case with the "
+            f"default logging (INFO: an access line a request, to a file):\n\n{table(logged_rows)}\n"
+        )
     if scaled:
         markdown += (
             "\nScaling (`workers`, process instances); in-process ceilings: "
