@@ -11,6 +11,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -307,6 +308,18 @@ class ServerProcess:
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode
+
+
+@contextlib.contextmanager
+def examples_server_that_survives(log_folder: Path) -> Iterator[ServerProcess]:
+    """The bundled examples served for a module of generated inputs; at the end the server must still be
+    running: no case crashed it."""
+    server = ServerProcess(["--config", str(EXAMPLES / "config.yaml")])
+    server.start(log_folder / "server.log")
+    yield server
+    assert server.process is not None
+    assert server.process.poll() is None, "the server is still running after every case"
+    server.stop()
 
 
 def json_log_lines(server: ServerProcess) -> list[dict]:

@@ -25,7 +25,7 @@ import yaml
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 
-from tests.support import EXAMPLES, ROOT, ServerProcess
+from tests.support import ROOT, ServerProcess, examples_server_that_survives
 
 OIP = ROOT.parent / "shared" / "oip"
 EXAMPLES_PER_OPERATION = 300  # on today's code 300 found a 500 in two operations (BIGINT_ERROR) every run
@@ -33,12 +33,8 @@ EXAMPLES_PER_OPERATION = 300  # on today's code 300 found a 500 in two operation
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = ServerProcess(["--config", str(EXAMPLES / "config.yaml")])
-    server.start(tmp_path_factory.mktemp("oip") / "server.log")
-    yield server
-    assert server.process is not None
-    assert server.process.poll() is None, "the server is still running after every case"
-    server.stop()
+    with examples_server_that_survives(tmp_path_factory.mktemp("oip")) as server:
+        yield server
 
 
 def patched_spec() -> dict:

@@ -27,7 +27,7 @@ from edgeinfer.errors import InvalidInput
 from edgeinfer.protocol import grpc_codec, http_binary, json_codec, json_scan
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
 from edgeinfer.validation import RequestLimits, check_sizes
-from tests.support import EXAMPLES, ServerProcess, infer_body, request
+from tests.support import ServerProcess, examples_server_that_survives, infer_body, request
 
 EXAMPLES_PER_TEST = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 FUZZ = settings(
@@ -221,12 +221,8 @@ def test_grpc_decoder_on_any_bytes(data: bytes):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = ServerProcess(["--config", str(EXAMPLES / "config.yaml")])
-    server.start(tmp_path_factory.mktemp("fuzz") / "server.log")
-    yield server
-    assert server.process is not None
-    assert server.process.poll() is None, "the server is still running after every case"
-    server.stop()
+    with examples_server_that_survives(tmp_path_factory.mktemp("fuzz")) as server:
+        yield server
 
 
 def still_answers(server: ServerProcess) -> None:

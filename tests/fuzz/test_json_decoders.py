@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.protocol import grpc_codec, json_codec, json_scan
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
-from tests.support import EXAMPLES, ServerProcess, request
+from tests.support import ServerProcess, examples_server_that_survives, request
 
 EXAMPLES_PER_TEST = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 FUZZ = settings(
@@ -269,12 +269,8 @@ def test_an_integer_beyond_64_bits_is_the_nearest_float_in_float_data_and_parame
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = ServerProcess(["--config", str(EXAMPLES / "config.yaml")])
-    server.start(tmp_path_factory.mktemp("decoders") / "server.log")
-    yield server
-    assert server.process is not None
-    assert server.process.poll() is None, "the server is still running after every case"
-    server.stop()
+    with examples_server_that_survives(tmp_path_factory.mktemp("decoders")) as server:
+        yield server
 
 
 def answer(server: ServerProcess, body: bytes) -> tuple[int, Any]:
