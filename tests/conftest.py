@@ -82,7 +82,9 @@ server: {max_request_size_mb: 0.05}
 
 
 # In CI every test runs: a skip there means a machine without what the suite needs (make system-packages
-# installs it all), so it fails instead. Only tests marked gpu may skip (no machine of CI's has one).
+# installs it all), so it fails instead. Only tests marked gpu may skip (no machine of CI's has one): a
+# whole module skipped at import (importorskip) always fails, as its markers are not known then, so a
+# module of GPU tests checks for the GPU in its tests, not at import.
 IN_CI = os.environ.get("CI", "").lower() in ("true", "1")
 
 

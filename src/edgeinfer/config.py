@@ -519,6 +519,12 @@ class Config(_Frozen):
         return models
 
 
+def split_model_class(target: str) -> tuple[str, str] | None:
+    """``package.module:ClassName`` as (module, class name); None for anything of another form."""
+    module, _, class_name = target.partition(":")
+    return (module, class_name) if module and class_name else None
+
+
 def available_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     """CPUs this process may run on: its affinity mask, capped by a cgroup v2 CPU quota (containers;
     ``cgroup``: where the process's cgroup files are)."""
@@ -624,8 +630,7 @@ def _resolve_paths(config: Config, base_dir: Path, source: str) -> Config:
         if model.backend == "python":
             if not model.model_class:
                 raise ConfigError(f"{source}: models.{name}.model_class: required for backend: python")
-            module, _, class_name = model.model_class.partition(":")
-            if not module or not class_name:
+            if split_model_class(model.model_class) is None:
                 raise ConfigError(
                     f"{source}: models.{name}.model_class: {model.model_class!r} must look like "
                     "'package.module:ClassName'"

@@ -17,7 +17,8 @@
     ├── RequestCancelled                 the client went away before the request ran
     ├── Superseded                       a newer frame of the same stream replaced it (drop_stale)
     └── InferenceFailed (RuntimeError)   the model raised while running a batch
-        └── RowsMismatch                 its outputs have other row counts than its inputs
+        ├── RowsMismatch                 its outputs have other row counts than its inputs
+        └── RuntimeRejected              ONNX Runtime (or OpenVINO) refused to run it on these values
 
 The core never mentions HTTP or gRPC. Each transport keeps one table from these classes to its own
 status codes and looks a raised error up along its MRO, so a new subclass inherits a sensible code.
@@ -131,6 +132,12 @@ class InferenceFailed(EdgeInferError, RuntimeError):
     """The model raised, or produced outputs that cannot be split back into requests."""
 
 
+class RuntimeRejected(InferenceFailed):
+    """The inference runtime (ONNX Runtime, OpenVINO) raised running the model on the values it was
+    given: a graph that casts strings to numbers meets one that is not. Warmup tells it from the rest
+    of InferenceFailed: synthetic values it refuses are the server's guess at an input, not a fault."""
+
+
 class RowsMismatch(InferenceFailed):
     """With batching on, an output's first dimension differs from the batch's rows: it cannot be split."""
 
@@ -172,5 +179,6 @@ BY_NAME: dict[str, type[EdgeInferError]] = {
         Superseded,
         InferenceFailed,
         RowsMismatch,
+        RuntimeRejected,
     )
 }

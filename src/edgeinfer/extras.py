@@ -15,11 +15,13 @@ from types import ModuleType
 
 from edgeinfer.errors import ConfigError
 
-# the top-level module -> (the package that provides it, the extra that installs it)
+# a module (or the package it is in) -> (the package that provides it, the extra that installs it); the
+# longest name that a missing module starts with decides
 EXTRAS: dict[str, tuple[str, str]] = {
     "onnx": ("onnx", "tools"),
     "s3fs": ("s3fs", "s3"),
     "opentelemetry": ("opentelemetry-sdk", "otel"),
+    "opentelemetry.exporter": ("opentelemetry-exporter-otlp", "otel"),
     "openvino": ("openvino", "openvino"),
     "PIL": ("pillow", "examples"),
 }
@@ -32,21 +34,29 @@ class MissingExtra(ConfigError):
 
 def need(module: str, feature: str) -> ModuleType:
     """``module`` imported, or MissingExtra naming ``feature`` (``"edgeinfer optimize --int8"``) and
-    the install command when it, or a package it needs, is one of the extras' and is missing."""
+    the install command when it, or a package it needs, is one of the extras' and is not installed. An
+    extra that is installed but does not import (a version that lacks a name, a broken dependency) is
+    a ConfigError with Python's own message."""
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise missing(error, feature) or error from None
+        absent = missing(error, feature)
+        if absent is not None:
+            raise absent from None
+        raise ConfigError(f"{feature} needs {module}, which does not import: {error}") from None
 
 
 def missing(error: ImportError, feature: str) -> MissingExtra | None:
-    """The MissingExtra for an ImportError whose missing module an extra provides; None for any other
-    (a module of the user's, a broken install), which the caller reports as it is."""
-    name = getattr(error, "name", None) or ""
-    known = EXTRAS.get(name.partition(".")[0])
-    if known is None:
+    """The MissingExtra for a module that is not installed (ModuleNotFoundError) and that an extra
+    provides; None for anything else (a module of the user's, an installed package that fails to
+    import), which the caller reports as it is."""
+    if not isinstance(error, ModuleNotFoundError):
         return None
-    package, extra = known
+    name = error.name or ""
+    known = [prefix for prefix in EXTRAS if name == prefix or name.startswith(prefix + ".")]
+    if not known:
+        return None
+    package, extra = EXTRAS[max(known, key=len)]
     return MissingExtra(
         f"{feature} needs the optional package {package}, which is not installed: "
         f"pip install 'edgeinfer[{extra}]'"

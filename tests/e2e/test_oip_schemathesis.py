@@ -37,19 +37,28 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         yield server
 
 
+SPEC = OIP / "open_inference_rest.yaml"
+
+
 def patched_spec() -> dict:
     """The spec as its script in shared/oip writes it, read at collection (the test is made from it)."""
-    spec = OIP / "open_inference_rest.yaml"
-    assert spec.exists(), f"the OIP spec is not at {OIP} (shared/ beside the clone)"
     pin = ["--model", "simple", "--version", "1", "--document-404"]
     with tempfile.TemporaryDirectory() as folder:
         patched = Path(folder) / "oip.yaml"
         script = OIP / "patch_oip_openapi.py"
-        subprocess.run([sys.executable, str(script), str(spec), str(patched), *pin], check=True)
+        subprocess.run([sys.executable, str(script), str(SPEC), str(patched), *pin], check=True)
         return yaml.safe_load(patched.read_text())
 
 
-schema = schemathesis.openapi.from_dict(patched_spec())
+def test_the_spec_is_beside_the_clone():
+    """Where shared/ is missing the spec's tests below are not made: this one fails instead (a collection
+    error would stop the whole run)."""
+    assert SPEC.exists(), f"the OIP spec is not at {OIP} (shared/ beside the clone)"
+
+
+schema = schemathesis.openapi.from_dict(
+    patched_spec() if SPEC.exists() else {"openapi": "3.0.0", "paths": {}}
+)
 
 
 @schema.parametrize()

@@ -427,6 +427,8 @@ def served(port: int, context: ssl.SSLContext) -> str:
             return "answered" if sock.recv(4096) else "closed"
     except ssl.SSLError as error:
         return str(error.reason)
+    except (ConnectionResetError, BrokenPipeError):  # closed while the request was still unread
+        return "closed"
 
 
 def handshake(port: int, context: ssl.SSLContext) -> str | None:
@@ -489,7 +491,7 @@ def test_optional_client_auth_serves_clients_without_a_certificate_or_with_the_c
         reply = request(secured.port, "POST", "/v2/models/simple/infer", ONE_ROW, bearer(INFER_KEY), tls=tls)
         assert reply.status == 200, (cert, reply.body)
     stranger = pki.client_context(cert=pki.stranger)
-    assert served(secured.port, stranger) == "closed"  # TLS 1.3: refused once the server checked it
+    assert served(secured.port, stranger) in {"closed", *SERVER_REFUSALS}  # TLS 1.3: once it checked it
     stranger.maximum_version = ssl.TLSVersion.TLSv1_2  # where the handshake itself shows the refusal
     assert served(secured.port, stranger) in SERVER_REFUSALS
 

@@ -23,7 +23,7 @@ HIDDEN = ROOT / "tests" / "data" / "hidden_packages"  # makes the packages it is
 
 
 def serve(arguments: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "edgeinfer", "serve", *arguments]
+    command = [sys.executable, "-m", "edgeinfer", "serve", "--metrics-port", "0", *arguments]
     return subprocess.Popen(
         command,
         env={**os.environ, **(env or {})},

@@ -181,6 +181,16 @@ class RaisesOnZeros(edgeinfer.Model):
         raise ValueError("a bug, not a bad request")
 
 
+class ForgetsItsOutput(edgeinfer.Model):
+    """Answers without its declared output: a broken model, whatever its input."""
+
+    inputs = [edgeinfer.TensorSpec("x", "FP32", (-1, 4))]
+    outputs = [edgeinfer.TensorSpec("y", "FP32", (-1, 4))]
+
+    def predict(self, requests):
+        return [{} for _ in requests]
+
+
 class Greeter(edgeinfer.Model):
     """No input tensors: reads ``parameters.name`` and answers structured values (JSON documents)."""
 

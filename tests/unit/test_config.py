@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from edgeinfer import config as config_module
 from edgeinfer.config import Config, ModelConfig, available_cpus, load_config, parse
 from edgeinfer.errors import ConfigError
 from tests.support import matmul_model
@@ -267,5 +268,9 @@ def test_workers_auto_follows_the_cpu_quota(tmp_path, cpu_max, expected):
         (tmp_path / "cpu.max").write_text(cpu_max)
     mask = len(os.sched_getaffinity(0))
     assert available_cpus(tmp_path) == (mask if expected is None else min(expected, mask))
-    auto = parse(Config, {"server": {"workers": "auto"}}, "x").server
-    assert auto.worker_count == available_cpus()
+
+
+@pytest.mark.parametrize("workers", ["auto", 0])
+def test_workers_auto_is_the_cpus_available(monkeypatch: pytest.MonkeyPatch, workers):
+    monkeypatch.setattr(config_module, "available_cpus", lambda: 7)
+    assert parse(Config, {"server": {"workers": workers}}, "x").server.worker_count == 7

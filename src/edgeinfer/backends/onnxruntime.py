@@ -16,7 +16,7 @@ import onnxruntime as ort
 from edgeinfer.backends import LoadContext
 from edgeinfer.backends.coverage import Coverage, coverage
 from edgeinfer.config import ModelConfig, OnnxRuntimeConfig
-from edgeinfer.errors import InferenceFailed, ModelLoadError
+from edgeinfer.errors import ModelLoadError, RuntimeRejected
 from edgeinfer.protocol.datatypes import ONNX_TO_V2
 from edgeinfer.protocol.types import TensorSpec
 from edgeinfer.runners import Runner, RunnerSettings
@@ -136,7 +136,7 @@ class OnnxRuntimeBackend:
         try:
             results = self._run(names, feed, self._run_options)
         except Exception as exc:  # ONNX Runtime's failures are all runtime failures of this model
-            raise InferenceFailed(f"ONNX Runtime failed: {exc}") from None
+            raise RuntimeRejected(f"ONNX Runtime failed: {exc}") from None
         if not self._string_outputs:
             return dict(zip(names, results, strict=True))
         return {name: _str_to_bytes(array) for name, array in zip(names, results, strict=True)}

@@ -29,7 +29,7 @@ import openvino as ov
 
 from edgeinfer.backends import LoadContext
 from edgeinfer.config import ModelConfig, OnnxRuntimeConfig
-from edgeinfer.errors import InferenceFailed, ModelLoadError
+from edgeinfer.errors import ModelLoadError, RuntimeRejected
 from edgeinfer.protocol.types import TensorSpec
 from edgeinfer.runners import Runner, RunnerSettings
 from edgeinfer.runners.arrays import concatenating
@@ -98,7 +98,7 @@ class OpenVinoBackend:
         try:
             results = request.infer(inputs)  # copies the outputs out of the request (share_outputs=False)
         except Exception as exc:
-            raise InferenceFailed(f"OpenVINO failed: {exc}") from None
+            raise RuntimeRejected(f"OpenVINO failed: {exc}") from None
         finally:
             self._requests.put(request)
         names = output_names if output_names is not None else self._ports.keys()

@@ -45,6 +45,7 @@ import numpy as np
 import orjson
 
 from edgeinfer.backends import LoadContext, can_batch
+from edgeinfer.config import split_model_class
 from edgeinfer.errors import ConfigError, InferenceFailed, InvalidInput, ModelLoadError
 from edgeinfer.extras import missing
 from edgeinfer.protocol.datatypes import numpy_dtype
@@ -320,9 +321,10 @@ def _bytes_array(value: Any, name: str) -> np.ndarray:
 
 def import_class(target: str) -> type[Model]:
     """``package.module:ClassName`` to the class."""
-    module_name, _, class_name = target.partition(":")
-    if not module_name or not class_name:
+    parts = split_model_class(target)
+    if parts is None:  # (a registered or overridden class: the config file's were checked when read)
         raise ConfigError(f"model_class {target!r} must look like 'package.module:ClassName'")
+    module_name, class_name = parts
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -185,9 +185,11 @@ def contents_to_array(
         return array.reshape(shape)
     dtype = numpy_dtype(datatype)
     if dtype.kind in "iu" and dtype.itemsize < 4 and values:  # int_contents and uint_contents are 32-bit
-        problem = outside_range(np.array(values), dtype)
+        wide = np.array(values, dtype=np.int64)
+        problem = outside_range(wide, dtype)
         if problem:  # worded as JSON's data is (json_codec): one message whatever the transport
             raise InvalidInput(f"input {name!r}: data does not fit datatype {datatype}: {problem}")
+        return wide.astype(dtype).reshape(shape)
     return np.array(values, dtype=dtype).reshape(shape)
 
 

@@ -32,18 +32,11 @@ def decode_request(
     view = memoryview(body)
     header = view[:header_length]
     document = json_codec.loads_object(header, "JSON header of the binary request")
-    try:
-        return _decode(document, view, header_length, max_depth)
-    except InvalidInput as error:
-        exact = json_codec.exact_document(header)  # as the JSON decoder does (json_codec)
-        if exact is None:
-            raise
-        exact_error = json_codec.named_exactly(error, lambda: _decode(exact, view, header_length, max_depth))
-        raise exact_error from None
-
-
-def _decode(document: dict[str, Any], view: memoryview, header_length: int, max_depth: int) -> InferRequest:
     binary = view[header_length:]
+    return json_codec.named_exactly(header, document, lambda doc: _decode(doc, header, binary, max_depth))
+
+
+def _decode(document: dict[str, Any], header: memoryview, binary: memoryview, max_depth: int) -> InferRequest:
     binary_inputs: dict[str, np.ndarray] = {}
     offset = 0
     raw_inputs = document.get("inputs")
@@ -69,7 +62,6 @@ def _decode(document: dict[str, Any], view: memoryview, header_length: int, max_
             f"the body has {len(binary)} bytes after the JSON header but the inputs' binary_data_size "
             f"add up to {offset}"
         )
-    header = view[:header_length]
     depth_limit = max_depth if json_codec.may_nest_deeper(header, max_depth) else None
     return json_codec.decode_request_object(document, binary_inputs, depth_limit)
 

@@ -108,41 +108,49 @@ def decode_with_orjson(body: bytes | bytearray | memoryview, max_depth: int = MA
     makes of a body is the reference the other decoders keep to."""
     depth_limit = max_depth if may_nest_deeper(body, max_depth) else None
     document = loads_object(body)
-    try:
-        return decode_request_object(document, binary_inputs=None, max_depth=depth_limit)
-    except InvalidInput as error:
-        exact = exact_document(body)
-        if exact is None:
-            raise
-        raise named_exactly(error, lambda: decode_request_object(exact, None, depth_limit)) from None
+    return named_exactly(body, document, lambda doc: decode_request_object(doc, None, depth_limit))
 
 
 # A run of 19 digits: the shortest integer beyond 64 bits has 20 (-2**63 - 1 has 19 after its sign)
 _LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 
+def named_exactly(
+    body: bytes | bytearray | memoryview,
+    document: dict[str, Any],
+    decode: Callable[[dict[str, Any]], InferRequest],
+) -> InferRequest:
+    """``decode(document)``, where ``document`` is orjson's reading of ``body``. orjson reads an integer
+    beyond 64 bits as a float, so a refusal of such a body is decoded again from its exact document
+    (``exact_document``), whose refusal names the integer as the client wrote it. Only after a refusal
+    (not one for nesting, which the exact parse could not even read): a search of every body for such
+    an integer would cost four times orjson's parse of a small request."""
+    try:
+        return decode(document)
+    except LimitExceeded:
+        raise
+    except InvalidInput:
+        exact = exact_document(body)
+        if exact is None:
+            raise
+        try:
+            decode(exact)
+        except InvalidInput as named:
+            raise named from None
+        raise
+
+
 def exact_document(body: bytes | bytearray | memoryview) -> dict[str, Any] | None:
     """``body`` (which orjson read as an object) with its integers beyond 64 bits as Python ints, not
-    as the floats orjson makes of them; None when it has none. Read only after a request was refused:
-    to name such an integer in the message as the client wrote it (a search of every body for one
-    would cost four times orjson's parse of a small request)."""
+    as the floats orjson makes of them; None when it has none, or when Python's parser cannot read it
+    (an integer of over 4,300 digits, nesting past its recursion limit): then orjson's reading stands."""
     if not _LONG_DIGITS.search(body):
         return None
     try:
         document = json.loads(bytes(body))
-    except ValueError:  # an integer of over 4,300 digits (Python's limit): orjson's float stands
+    except (ValueError, RecursionError):
         return None
     return document if isinstance(document, dict) else None
-
-
-def named_exactly(error: InvalidInput, decode_exact: Callable[[], object]) -> InvalidInput:
-    """The error to answer with for a refused body that holds integers beyond 64 bits: the one
-    decoding its exact document raises (which names such an integer as written), else ``error``."""
-    try:
-        decode_exact()
-    except InvalidInput as exact:
-        return exact
-    return error
 
 
 # What stands for a scanned array in the rest of the body: a string no client can guess, so that none
@@ -222,7 +230,7 @@ def may_nest_deeper(raw: bytes | bytearray | memoryview, limit: int) -> bool:
     return data.count(b"[") + data.count(b"{") > limit
 
 
-def decode_with_simdjson(body: bytes, max_depth: int | None = MAX_DEPTH) -> InferRequest:
+def decode_with_simdjson(body: bytes, max_depth: int = MAX_DEPTH) -> InferRequest:
     """The large-body decoder: numeric tensors become arrays without Python floats, the rest plain
     values. A body simdjson reads otherwise than orjson goes to ``decode_with_orjson`` whole: one it
     refuses (JSON allows integers beyond 64 bits, which simdjson cannot hold, and its messages are
@@ -232,20 +240,27 @@ def decode_with_simdjson(body: bytes, max_depth: int | None = MAX_DEPTH) -> Infe
     try:
         document = simdjson.Parser().parse(body)  # a parser per body: its proxies never outlive it
     except (ValueError, RuntimeError):  # invalid JSON, or BIGINT_ERROR for an integer beyond 64 bits
-        return decode_with_orjson(body, MAX_DEPTH if max_depth is None else max_depth)
+        return decode_with_orjson(body, max_depth)
     if not isinstance(document, simdjson.Object):
         raise InvalidInput(f"request body must be a JSON object, not {_json_type(_plain(document))}")
-    if _unusual_keys(document) or _unusual_inputs(document):
-        return decode_request_object(document.as_dict(), {}, max_depth)  # the ordinary path
     arrays: dict[str, np.ndarray] = {}
     plain: dict[str, Any] = {}
-    for key in document.keys():  # noqa: SIM118 (items() would convert every value to Python)
-        value = document[key]
-        if key == "inputs" and isinstance(value, simdjson.Array):
-            plain[key] = [_input_without_data(raw, arrays) for raw in value]
-        else:
-            plain[key] = _plain(value)
+    try:
+        if _unusual_keys(document):
+            raise _Unusual
+        for key in document.keys():  # noqa: SIM118 (items() would convert every value to Python)
+            value = document[key]
+            if key == "inputs" and isinstance(value, simdjson.Array):
+                plain[key] = [_input_without_data(raw, arrays) for raw in value]
+            else:
+                plain[key] = _plain(value)
+    except _Unusual:
+        return decode_request_object(document.as_dict(), {}, max_depth)  # the ordinary path
     return decode_request_object(plain, arrays, max_depth)
+
+
+class _Unusual(Exception):
+    """An object of the body has keys a lookup would get wrong (``_unusual_keys``)."""
 
 
 def _unusual_keys(value: Any) -> bool:
@@ -255,18 +270,6 @@ def _unusual_keys(value: Any) -> bool:
     body is converted whole instead, and then fails or not as the ordinary decoder has it."""
     keys = list(value.keys())
     return any("\x00" in key for key in keys) or len(set(keys)) != len(keys)
-
-
-def _unusual_inputs(document: Any) -> bool:
-    """Whether any input header is an object with unusual keys (``_unusual_keys``)."""
-    simdjson = _simdjson()
-    assert simdjson is not None
-    if "inputs" not in document:
-        return False
-    inputs = document["inputs"]
-    if not isinstance(inputs, simdjson.Array):
-        return False
-    return any(isinstance(raw, simdjson.Object) and _unusual_keys(raw) for raw in inputs)
 
 
 def _plain(value: Any) -> Any:
@@ -286,6 +289,8 @@ def _input_without_data(raw: Any, arrays: dict[str, np.ndarray]) -> Any:
     assert simdjson is not None
     if not isinstance(raw, simdjson.Object):
         return _plain(raw)
+    if _unusual_keys(raw):
+        raise _Unusual
     header = {key: _plain(raw[key]) for key in raw.keys() if key != "data"}  # noqa: SIM118
     if "data" not in raw:
         return header
@@ -561,10 +566,13 @@ def _numbers(data: list[Any], dtype: np.dtype, datatype: str) -> np.ndarray:
     elif found == "O" and dtype.kind == "f" and _all_numbers(values):
         values = values.astype(np.float64)  # integers beyond 64 bits (``exact_document``): as orjson's
         found = "f"
-    if dtype.kind in "iu" and values.size:
-        problem = outside_range(values, dtype)  # before the kind: 1e20 is out of range, not a fraction
-        if problem:  # named as the client wrote it, not as numpy's float of it (-1 beside 2**64 - 1)
-            raise ValueError(outside_range(np.array(data, dtype=object), dtype) or problem)
+    if dtype.kind in "iu" and values.size and found in "iufO":
+        limits = np.iinfo(dtype)  # before the kind: 1e20 is out of range, not a fraction
+        if found == "O" or values.min() < limits.min or values.max() > limits.max:
+            # named as the client wrote it, not as numpy's float of it (-1 beside 2**64 - 1)
+            problem = outside_range(np.array(data, dtype=object), dtype) or outside_range(values, dtype)
+            if problem:
+                raise ValueError(problem)
     if values.size and found not in _ACCEPTED_KINDS[dtype.kind]:
         what = _KIND_NAMES.get(found, "nulls, objects or a mix of kinds")
         raise ValueError(f"the data holds {what}")
@@ -575,7 +583,8 @@ def _numbers(data: list[Any], dtype: np.dtype, datatype: str) -> np.ndarray:
 
 
 def _all_numbers(values: np.ndarray) -> bool:
-    return all(type(value) in (int, float) for value in values.reshape(-1).tolist())
+    """Numbers only (booleans count, as numpy counts them among floats); no strings, nulls or lists."""
+    return all(type(value) in (int, float, bool) for value in values.reshape(-1).tolist())
 
 
 def _uint64(data: list[Any]) -> np.ndarray:

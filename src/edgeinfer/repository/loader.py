@@ -18,7 +18,7 @@ import numpy as np
 from edgeinfer.backends import Backend, LoadContext, can_batch, load_backend
 from edgeinfer.batching.policy import BatchPolicy
 from edgeinfer.config import WarmupConfig
-from edgeinfer.errors import InferenceFailed, InvalidInput, ModelLoadError, RowsMismatch
+from edgeinfer.errors import InvalidInput, ModelLoadError, RowsMismatch, RuntimeRejected
 from edgeinfer.protocol import json_codec
 from edgeinfer.protocol.datatypes import numpy_dtype
 from edgeinfer.protocol.types import TensorSpec
@@ -106,11 +106,11 @@ async def warm_up(
     shape is skipped, logged at DEBUG), then every sample request file as it is.
 
     The zeros are our guess at an input, not the user's: a model that refuses them as a bad request
-    (``ModelError``) has shown that it runs, and one that fails on them (ONNX Runtime rejecting the
-    values: a BYTES input its graph casts to numbers) is served unwarmed; both with a WARNING naming the
-    model and the reason. What fails the load: any failure of a sample the user gave, and a failure
-    that is not the model's answer to the values (an exception of a Python model's own code, which is
-    a bug; a runner that broke).
+    (``ModelError``) has shown that it runs, and one whose runtime fails on them (``RuntimeRejected``:
+    ONNX Runtime rejecting the values, as for a BYTES input its graph casts to numbers) is served
+    unwarmed; both with a WARNING naming the model and the reason. What fails the load: any failure of
+    a sample the user gave, and every other failure (an exception of a Python model's own code or
+    outputs it cannot give, a process instance that died: the model or its runner is broken).
     """
     started = time.perf_counter()
     config = config or WarmupConfig()
@@ -129,20 +129,20 @@ async def warm_up(
                 break
             inputs[spec.name] = _zeros(spec, shape)
         else:
-            where = f"at batch size {batch_size}" if batching else "run"
+            where = f" at batch size {batch_size}" if batching else ""
             error = await _run(runner, inputs, max(1, batch_size))
             if isinstance(error, (InvalidInput, RowsMismatch)):
-                log.warning("model %r: warmup %s: the model answered the zeros with %s: %s; it runs",
+                log.warning("model %r: warmup%s: the model answered the zeros with %s: %s; it runs",
                             name, where, type(error).__name__, error)  # fmt: skip
-            elif isinstance(error, InferenceFailed):
+            elif isinstance(error, RuntimeRejected):
                 log.warning(
-                    "model %r: the synthetic warmup %s failed, so the model serves unwarmed (its first "
+                    "model %r: the synthetic warmup%s failed, so the model serves unwarmed (its first "
                     "requests may be slower; warmup.samples warms it with inputs of yours): %s",
                     name, where, error,
                 )  # fmt: skip
                 unwarmed += 1
             elif error is not None:
-                raise ModelLoadError(f"warmup failed {where}: {type(error).__name__}: {error}")
+                raise ModelLoadError(f"warmup failed{where}: {type(error).__name__}: {error}")
             synthetic += 1
     for sample in config.samples:
         try:
