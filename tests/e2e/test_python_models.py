@@ -182,17 +182,26 @@ def test_a_model_that_refuses_the_warmup_zeros_still_loads(python_server):
 
 
 @pytest.mark.parametrize(
-    ("model_class", "words"),
+    ("model_class", "kind", "words"),
     [
-        ("RaisesOnZeros", "warmup failed at batch size 1: ValueError: a bug, not a bad request"),
-        ("ForgetsItsOutput", "warmup failed at batch size 1: InferenceFailed: "),  # not a runtime's refusal
+        ("RaisesOnZeros", "thread", "warmup failed at batch size 1: ValueError: a bug, not a bad request"),
+        (
+            "ForgetsItsOutput",
+            "thread",
+            "warmup failed at batch size 1: InferenceFailed: ",
+        ),  # not the runtime's
+        ("DiesOnPredict", "process", "warmup failed at batch size 1: InferenceFailed: "),  # an instance died
     ],
 )
-def test_a_model_that_raises_or_breaks_on_the_warmup_still_fails_to_load(tmp_path: Path, model_class, words):
+def test_a_model_that_raises_or_breaks_on_the_warmup_still_fails_to_load(
+    tmp_path: Path, model_class, kind, words
+):
     """Only a runtime refusing the synthetic values (ONNX Runtime, OpenVINO) serves a model unwarmed: an
-    exception of the model's own code, or outputs it cannot give, fail the load (docs/lifecycle.md)."""
+    exception of the model's own code, outputs it cannot give, or a process instance that dies fail the
+    load (docs/lifecycle.md)."""
     (tmp_path / "config.yaml").write_text(
-        f"models:\n  m: {{backend: python, model_class: 'tests.python_models.models:{model_class}'}}\n"
+        f"models:\n  m: {{backend: python, kind: {kind}, "
+        f"model_class: 'tests.python_models.models:{model_class}'}}\n"
     )
     command = [sys.executable, "-m", "edgeinfer", "serve", "--config", str(tmp_path / "config.yaml")]
     command += ["--no-grpc", "--http-port", "0", "--metrics-port", "0"]

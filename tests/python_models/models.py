@@ -191,6 +191,16 @@ class ForgetsItsOutput(edgeinfer.Model):
         return [{} for _ in requests]
 
 
+class DiesOnPredict(edgeinfer.Model):
+    """Ends its own process when asked to predict: with ``kind: process``, an instance that dies."""
+
+    inputs = [edgeinfer.TensorSpec("x", "FP32", (-1, 4))]
+    outputs = [edgeinfer.TensorSpec("y", "FP32", (-1, 4))]
+
+    def predict(self, requests):
+        os._exit(3)
+
+
 class Greeter(edgeinfer.Model):
     """No input tensors: reads ``parameters.name`` and answers structured values (JSON documents)."""
 
