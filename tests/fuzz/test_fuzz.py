@@ -10,7 +10,6 @@ examples differ run to run, so CI keeps exploring. A failure prints the example 
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Iterator
 from unittest import mock
@@ -20,22 +19,16 @@ import numpy as np
 import orjson
 import pytest
 from google.protobuf.message import DecodeError
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from edgeinfer.errors import InvalidInput
 from edgeinfer.protocol import grpc_codec, http_binary, json_codec, json_scan
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
 from edgeinfer.validation import RequestLimits, check_sizes
+from tests.fuzz.budget import FUZZ
 from tests.support import ServerProcess, examples_server_that_survives, infer_body, request
 
-EXAMPLES_PER_TEST = int(os.environ.get("FUZZ_EXAMPLES", "200"))
-FUZZ = settings(
-    max_examples=EXAMPLES_PER_TEST,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
 DATATYPES = ["BOOL", "UINT8", "INT8", "INT32", "INT64", "UINT64", "FP16", "FP32", "FP64", "BYTES"]
 GOOD = infer_body({"INPUT0": np.ones((1, 16), np.float32)})
 INT64 = st.integers(min_value=-(2**63), max_value=2**64 - 1)  # what JSON encoders write (larger: bytes tests)

@@ -13,7 +13,6 @@ status and message.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -23,21 +22,15 @@ from unittest import mock
 import numpy as np
 import orjson
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.protocol import grpc_codec, json_codec, json_scan
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
+from tests.fuzz.budget import FUZZ
 from tests.support import ServerProcess, examples_server_that_survives, request
 
-EXAMPLES_PER_TEST = int(os.environ.get("FUZZ_EXAMPLES", "200"))
-FUZZ = settings(
-    max_examples=EXAMPLES_PER_TEST,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
 DATATYPES = ["BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "UINT32", "UINT64", "FP16", "FP32", "FP64"]
 DATATYPES += ["BYTES"]
 
