@@ -39,13 +39,17 @@ from setuptools import Extension, setup
 # Each must keep to what mypyc compiles (README, Development): tests/conftest.py refuses to run
 # against a compiled module older than its source.
 COMPILED = [
+    "edgeinfer/admission/admission.py",
+    "edgeinfer/admission/estimates.py",
+    "edgeinfer/admission/lag.py",
+    "edgeinfer/admission/margin.py",
+    "edgeinfer/admission/standing.py",
+    "edgeinfer/admission/view.py",
     "edgeinfer/afterwards.py",
     "edgeinfer/batching/batcher.py",
-    "edgeinfer/batching/lag.py",
-    "edgeinfer/batching/margin.py",
+    "edgeinfer/batching/jobs.py",
     "edgeinfer/batching/policy.py",
     "edgeinfer/batching/recorder.py",
-    "edgeinfer/batching/standing.py",
     "edgeinfer/batching/stats.py",
     "edgeinfer/metrics.py",
     "edgeinfer/outcome.py",

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.app import Server
 from edgeinfer.config import load_config
-from edgeinfer.server.app import Server
 from edgeinfer.server.http_protocol import HttpConnection
 
 HERE = Path(__file__).resolve().parent

@@ -23,6 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.models import tiny
+from edgeinfer.admission.lag import LoopLag
 from edgeinfer.backends import LoadContext
 from edgeinfer.config import ModelConfig, RouteVariant
 from edgeinfer.metrics import Metrics
@@ -48,7 +49,7 @@ async def measure(picks: int, folder: Path) -> dict[str, float]:
     async def no_steps(model: str, version: str | None, request: object) -> object:
         raise AssertionError("no pipelines here")
 
-    registry = Registry(Metrics(), LoadContext(run_step=no_steps))
+    registry = Registry(Metrics(), LoopLag(), LoadContext(run_step=no_steps))
     sources = [
         ModelSource("tiny", version, str(tiny(folder / version / "model.onnx")), ModelConfig())
         for version in ("1", "2")

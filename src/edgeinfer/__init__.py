@@ -21,20 +21,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+SERVER_NAME = "edgeinfer"  # in server metadata and on the status page
 
 __all__ = ["Model", "ModelError", "Request", "Server", "TensorSpec", "__version__"]
 
 if TYPE_CHECKING:
+    from edgeinfer.app import Server
     from edgeinfer.backends.python import Model, ModelError, Request
     from edgeinfer.protocol.types import TensorSpec
-    from edgeinfer.server.app import Server
 
 _LAZY = {
     "Model": "edgeinfer.backends.python",
     "ModelError": "edgeinfer.backends.python",
     "Request": "edgeinfer.backends.python",
     "TensorSpec": "edgeinfer.protocol.types",
-    "Server": "edgeinfer.server.app",
+    "Server": "edgeinfer.app",
 }
 
 

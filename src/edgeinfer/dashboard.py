@@ -19,6 +19,21 @@ WINDOW_S = 60.0  # latency percentiles, batch sizes and errors: over the last mi
 RATE_S = 10.0  # requests/s and CPU: over the last ten seconds (a minute would smooth a ramp away)
 SPACING_S = 1.0  # snapshots closer than this to the previous one are not kept
 RECENT_ERRORS = 50
+# a failed request as the service records it (time, request id, protocol, model, version, status,
+# message): a tuple, made into a mapping only when read (under overload thousands pass a second), and
+# the message, not the error, whose traceback would keep the request's frames alive
+RECENT_ERROR_FIELDS = ("time", "request_id", "protocol", "model", "version", "status", "message")
+ErrorEntry = tuple[float, str, str, str, str, str, str]
+
+
+def recent_errors() -> deque[ErrorEntry]:
+    """The ring the service appends failed requests to and a scope's ``overview`` reads."""
+    return deque(maxlen=RECENT_ERRORS)
+
+
+def listed(errors: deque[ErrorEntry]) -> list[dict[str, Any]]:
+    """The recent errors as mappings, oldest first."""
+    return [dict(zip(RECENT_ERROR_FIELDS, error, strict=True)) for error in errors]
 
 
 class Window:

@@ -1,14 +1,11 @@
-"""The transport-neutral core: live / ready / metadata / infer / repository / statistics / metrics.
+"""The data plane's core: readiness, model metadata, and every inference request, transport-neutral.
 
 HTTP and gRPC adapters (and pipeline steps) call these methods with decoded requests and map the errors
 they raise to status codes; nothing in here knows about either transport. Every inference request is
 an ``InferenceCall``: the transport gives it the decode and encode functions, and the call times them,
 takes the request id, submits through the router to the version's batcher, and records the outcome
-(metrics and access log) exactly once, whatever happened.
-
-With ``workers: N`` the repository API, the index, statistics and metrics are the whole server's: the
-service asks the other workers through ``cluster`` (the supervisor), and the supervisor calls the
-``local_*`` methods of every worker.
+(metrics and access log) exactly once, whatever happened. What concerns the whole server (the
+repository API, statistics, metrics) is the control plane's (``control/``).
 """
 
 from __future__ import annotations
@@ -19,19 +16,14 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import yaml
-
-from edgeinfer import __version__, afterwards
+from edgeinfer import SERVER_NAME, __version__
 from edgeinfer.afterwards import Afterwards
-from edgeinfer.config import Config, RouteVariant, ShadowConfig, parse
-from edgeinfer.dashboard import RECENT_ERRORS, Window, overview
+from edgeinfer.dashboard import ErrorEntry
 from edgeinfer.errors import (
-    ConfigError,
     EdgeInferError,
-    InvalidInput,
     LimitExceeded,
     ModelEvicted,
     ModelNotFound,
@@ -41,20 +33,14 @@ from edgeinfer.errors import (
 )
 from edgeinfer.errors import describe as describe_error
 from edgeinfer.logs import AccessLog
-from edgeinfer.metrics import UNKNOWN_MODEL, Metrics, Snapshot, process_stats, status_label
+from edgeinfer.metrics import UNKNOWN_MODEL, Metrics, status_label
 from edgeinfer.outcome import Outcome
 from edgeinfer.protocol.types import InferRequest, InferResponse, TensorSpec
 from edgeinfer.repository.registry import ModelState, ModelVersion, Registry, Serving
 from edgeinfer.repository.residency import Residency
 from edgeinfer.repository.router import Router
-from edgeinfer.repository.sources import ModelSource
 from edgeinfer.runners import Tensors, Work
 from edgeinfer.shadow import Shadows
-
-if TYPE_CHECKING:
-    from edgeinfer.batching.batcher import Batcher
-    from edgeinfer.canary import Canaries
-    from edgeinfer.tracing import TraceHeaders, Tracing
 from edgeinfer.validation import (
     RequestLimits,
     check_request,
@@ -65,52 +51,14 @@ from edgeinfer.validation import (
     parse_timeout_s,
 )
 
-SERVER_NAME = "edgeinfer"
+if TYPE_CHECKING:
+    from edgeinfer.batching.batcher import Batcher
+    from edgeinfer.tracing import TraceHeaders, Tracing
+
 EXTENSIONS: tuple[str, ...] = ("binary_tensor_data", "statistics", "model_configuration", "model_repository")
 T = TypeVar("T")
 A = TypeVar("A")
 
-
-def parse_route(name: str, variants: Any) -> tuple[RouteVariant, ...] | None:
-    """The variants of a route set at run time (the config's ``routes.<name>`` layout)."""
-    if variants is None or variants == []:
-        return None
-    if not isinstance(variants, list):
-        raise InvalidInput("'variants' must be a list of {version or model, weight}")
-    return _config_entry("routes", name, variants).routes[name]
-
-
-def parse_shadow(name: str, config: Any) -> ShadowConfig | None:
-    """A shadow set at run time (the config's ``shadows.<name>`` layout)."""
-    return None if config is None else _config_entry("shadows", name, config).shadows[name]
-
-
-def _config_entry(key: str, name: str, value: Any) -> Config:
-    """``value`` checked as the config's ``<key>.<name>`` would be; its errors are the client's."""
-    try:
-        return parse(Config, {key: {name: value}}, key)
-    except ConfigError as error:
-        raise InvalidInput(str(error)) from None
-
-
-def parse_override(text: Any) -> dict[str, Any] | None:
-    """The ``config`` parameter of a load request: per-model keys as JSON (Triton's clients) or YAML."""
-    if text is None or text == "":
-        return None
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    if not isinstance(text, str):
-        raise InvalidInput("the 'config' parameter of a load request must be a JSON object in a string")
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InvalidInput(f"the 'config' parameter is not valid JSON or YAML: {exc}") from None
-    if not isinstance(value, dict):
-        raise InvalidInput("the 'config' parameter must be a mapping of model keys")
-    return value
-
-
-_RECENT_ERROR_FIELDS = ("time", "request_id", "protocol", "model", "version", "status", "message")
 _READY = ModelState.READY  # Python 3.11 looks enum members up slowly: the request path uses a name
 _REQUEST_PREFIX = os.urandom(4).hex()
 _request_numbers = itertools.count(1)
@@ -121,30 +69,6 @@ def new_request_id() -> str:
     The counter is written in decimal: compiled, ``f"{n:x}"`` goes through ``str.format`` and took
     982 ns a call on the 2-core VM, ``f"{n}"`` 166 ns (mypyc, ``timeit``)."""
     return f"{_REQUEST_PREFIX}-{next(_request_numbers)}"
-
-
-class Cluster(Protocol):
-    """The whole server, when this process is one of several workers (see ``server/workers.py``)."""
-
-    async def load(self, name: str, override: dict[str, Any] | None) -> None: ...
-
-    async def unload(self, name: str) -> None: ...
-
-    async def route(self, name: str, variants: list[dict[str, Any]] | None) -> None: ...
-
-    async def shadow(self, name: str, config: dict[str, Any] | None) -> None: ...
-
-    async def canaries(self) -> dict[str, Any]: ...
-
-    async def canary(self, name: str, action: str) -> dict[str, Any]: ...
-
-    async def index(self) -> list[dict[str, str]]: ...
-
-    async def statistics(self, name: str | None, version: str | None) -> dict[str, Any]: ...
-
-    async def metrics(self) -> bytes: ...
-
-    async def overview(self) -> dict[str, Any]: ...
 
 
 class _TurnRefusal:
@@ -160,36 +84,28 @@ class _TurnRefusal:
 
 
 class InferenceService:
+    """``errors``: the ring failed requests are recorded in, for the status page (``dashboard.py``)."""
+
     def __init__(
         self,
         registry: Registry,
         router: Router,
         residency: Residency,
+        shadows: Shadows,
         metrics: Metrics,
         access_log: AccessLog,
-        discover: Callable[[str, dict[str, Any] | None], list[ModelSource]],
-        cluster: Cluster | None = None,
+        errors: deque[ErrorEntry],
         limits: RequestLimits | None = None,
-        shadows: Mapping[str, ShadowConfig] | None = None,
-        canaries: Canaries | None = None,
         tracing: Tracing | None = None,
     ) -> None:
         self.registry = registry
-        self.limits = limits or RequestLimits()
-        self.shadows = Shadows(registry, router, metrics, shadows or {})
-        self._canaries = canaries  # this process's, when it is the whole server (else the supervisor's)
         self.router = router
         self.residency = residency
+        self.shadows = shadows
         self.metrics = metrics
         self.access_log = access_log
-        self._discover = discover
-        self._cluster = cluster
-        # for /v2/ui/state: (time, request id, protocol, model, version, status, message), made into
-        # mappings when read (under overload thousands of refusals a second pass here); the message,
-        # not the error: an error's traceback would keep the request's frames alive in a cycle
-        self._recent_errors: deque[tuple[float, str, str, str, str, str, str]] = deque(maxlen=RECENT_ERRORS)
-        self._overview_window = Window()
-        self._started_at = time.time()
+        self.limits = limits or RequestLimits()
+        self._recent_errors = errors
         self._ready = False
         self._tracing = tracing
         self._afterwards = Afterwards()
@@ -297,155 +213,6 @@ class InferenceService:
         if entry.serving is None:
             raise ModelNotReady(f"model {entry.name!r} version {entry.version} is {entry.state.wire.lower()}")
         return entry.serving
-
-    # ---- the repository, statistics and metrics: the whole server's ----
-
-    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Triton's repository index: one entry per version with its state and reason."""
-        index = await self._cluster.index() if self._cluster is not None else self.local_index()
-        return [entry for entry in index if not ready_only or entry["state"] == "READY"]
-
-    async def model_index(self) -> list[dict[str, Any]]:
-        """Every model with each version's state (the ``/v1/models`` listing)."""
-        models: dict[str, list[dict[str, str]]] = {}
-        for entry in await self.repository_index():
-            models.setdefault(entry["name"], []).append(
-                {"version": entry["version"], "state": entry["state"], "reason": entry["reason"]}
-            )
-        return [{"name": name, "versions": versions} for name, versions in models.items()]
-
-    async def load_model(self, name: str, override: dict[str, Any] | None = None) -> None:
-        """Load (or reload) every version of ``name`` from the repository; ``override`` replaces config keys.
-
-        The versions serving now keep serving until the new ones are warmed up; if loading fails they
-        keep serving and the index shows why. With workers, every worker does so before this returns.
-        """
-        if self._cluster is not None:
-            await self._cluster.load(name, override)
-        else:
-            await self.local_load(name, override)
-
-    async def unload_model(self, name: str) -> None:
-        """Stop serving ``name``; what is queued or running for it is answered first."""
-        if self._cluster is not None:
-            await self._cluster.unload(name)
-        else:
-            await self.local_unload(name)
-
-    async def model_statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
-        """Triton's statistics extension: every version of every model, or one model (or version)."""
-        if self._cluster is not None:
-            return await self._cluster.statistics(name, version)
-        return self.local_statistics(name, version)
-
-    async def metrics_exposition(self) -> bytes:
-        """The body of ``GET /metrics``."""
-        if self._cluster is not None:
-            return await self._cluster.metrics()
-        # prometheus-client is imported with the first scrape: a box never scraped saves its 4.7 MiB
-        from edgeinfer.exposition import exposition
-
-        return exposition(self.local_metrics(), process_stats())
-
-    def local_index(self) -> list[dict[str, str]]:
-        index = []
-        for entry in self.registry.index():
-            item = {
-                "name": entry.name,
-                "version": entry.version,
-                "state": entry.state.wire,
-                "reason": entry.wire_reason,
-            }
-            route = self.router.route(entry.name)
-            if route is not None:  # HTTP shows it; gRPC's index message has no field for it
-                item["route"] = route.summary()
-            index.append(item)
-        return index
-
-    async def set_route(self, name: str, variants: Any) -> None:
-        """Replace (or with None or [], remove) the weighted route of ``name``; with workers, on every
-        worker before this returns. Routes set here last until restart; the config's come back then.
-        ``variants``: as the client sent them (a list of dicts, or anything else: refused, by
-        ``parse_route``)."""
-        parse_route(name, variants)  # a bad route is the client's error before any worker sees it
-        if self._cluster is not None:
-            await self._cluster.route(name, variants)
-        else:
-            self.local_route(name, variants)
-
-    def local_route(self, name: str, variants: Any) -> None:
-        self.router.set_route(name, parse_route(name, variants))
-
-    def routes(self) -> dict[str, Any]:
-        return {name: route.describe() for name, route in self.router.routes().items()}
-
-    async def set_shadow(self, name: str, config: dict[str, Any] | None) -> None:
-        """Replace (or with None, remove) the shadow of ``name``; with workers, on every worker."""
-        parse_shadow(name, config)
-        if self._cluster is not None:
-            await self._cluster.shadow(name, config)
-        else:
-            self.local_shadow(name, config)
-
-    def local_shadow(self, name: str, config: dict[str, Any] | None) -> None:
-        self.shadows.set(name, parse_shadow(name, config))
-
-    def shadow_configs(self) -> dict[str, Any]:
-        return {name: config.model_dump(exclude_none=True) for name, config in self.shadows.configs().items()}
-
-    async def canary_states(self) -> dict[str, Any]:
-        if self._cluster is not None:
-            return await self._cluster.canaries()
-        return self._canaries.states() if self._canaries is not None else {}
-
-    async def canary_action(self, name: str, action: str) -> dict[str, Any]:
-        """``start``, ``pause``, ``resume``, ``promote`` or ``abort`` the canary of ``name``."""
-        if self._cluster is not None:
-            return await self._cluster.canary(name, action)
-        if self._canaries is None:
-            raise ModelNotFound(f"model {name!r} has no canary (canaries.{name} in the config)")
-        return await self._canaries.act(name, action)
-
-    async def local_load(self, name: str, override: dict[str, Any] | None = None) -> None:
-        loop = asyncio.get_running_loop()
-        try:  # reading the repository (or a remote one) is blocking I/O: off the event loop
-            sources = await loop.run_in_executor(None, self._discover, name, override)
-        except ConfigError as error:
-            raise InvalidInput(str(error)) from None
-        await self.registry.reload(name, sources)
-        self.residency.touch(name)
-        await self.residency.enforce(keep=name)
-
-    async def local_unload(self, name: str) -> None:
-        await self.registry.unload(name)
-
-    def local_statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
-        afterwards.flush()  # every request answered so far is counted
-        if name is None:
-            entries = self.registry.index()
-        elif version is None:
-            if not self.registry.knows(name):
-                raise ModelNotFound(f"unknown model {name!r}")
-            entries = self.registry.versions(name)
-        else:
-            entries = [self.registry.get(name, version)]
-        return {
-            "model_stats": [
-                {
-                    "name": entry.name,
-                    "version": entry.version,
-                    **entry.recorder.stats.as_dict(),
-                    **_batch_cost(entry),
-                }
-                for entry in entries
-            ]
-        }
-
-    def local_metrics(self) -> Snapshot:
-        afterwards.flush()
-        return self.metrics.snapshot(
-            self.registry.gauges(), self.router.ladder_gauges(), self.registry.loop_lag_s
-        )
 
     # ---- inference ----
 
@@ -602,43 +369,6 @@ class InferenceService:
                     message,
                 )
             )
-
-    def local_overview(self) -> dict[str, Any]:
-        """This process's part of ``overview``: its metrics, process figures and recent errors."""
-        return {
-            "metrics": self.local_metrics(),
-            "process": process_stats(),
-            "errors": [dict(zip(_RECENT_ERROR_FIELDS, error, strict=True)) for error in self._recent_errors],
-            "workers": 1,
-            "started_at": self._started_at,
-        }
-
-    async def overview(self) -> dict[str, Any]:
-        """``GET /v2/ui/state``: the whole server now (``dashboard.py``), with workers merged."""
-        data = await self._cluster.overview() if self._cluster is not None else self.local_overview()
-        rollouts = {
-            "routes": self.routes(),
-            "shadows": self.shadow_configs(),
-            "canaries": await self.canary_states(),
-        }
-        server = {
-            "name": SERVER_NAME,
-            "version": __version__,
-            "ready": self.ready(),
-            "uptime_s": time.time() - data["started_at"],
-            "workers": data["workers"],
-        }
-        return overview(
-            time.monotonic(),
-            data["metrics"],
-            data["process"],
-            self._overview_window,
-            await self.repository_index(),
-            server,
-            data["errors"],
-            rollouts,
-            self.residency.limits.memory_factor * data["workers"],
-        )
 
 
 class InferenceCall:
@@ -858,23 +588,6 @@ class InferenceCall:
             self.outcome.request_id = new_request_id()
         self.outcome.error = error
         self._service.record(self.outcome)
-
-
-def _batch_cost(entry: ModelVersion) -> dict[str, Any]:
-    """The learned batch time ``per_batch + per_row x rows`` (adaptive batching decides on it), beside
-    Triton's statistics: clients that read only Triton's fields ignore it."""
-    if entry.serving is None:
-        return {}
-    cost = entry.serving.runner.cost
-    return {
-        "batch_cost": {
-            "per_batch_ns": int(cost.per_batch_s * 1e9),
-            "per_row_ns": int(cost.per_row_s * 1e9),
-            "batches_observed": cost.observed,
-            "drain_per_row_ns": int(entry.serving.batcher.drain_s_per_row * 1e9),  # admission reads it too
-            "admission_margin_ns": int(entry.serving.batcher.slo_margin_s * 1e9),  # and adds this
-        }
-    }
 
 
 def _earliest(*timeouts_s: float | None) -> float | None:

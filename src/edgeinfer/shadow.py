@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgeinfer.batching.lag import INTERVAL_S
+from edgeinfer.admission.lag import INTERVAL_S
 from edgeinfer.config import ShadowConfig
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.metrics import Metrics
@@ -153,7 +153,7 @@ class Shadows:
 
     def _busy(self, primary: ModelVersion) -> bool:
         """The box is behind: the primary has requests waiting, or the event loop runs a whole tick of
-        its lag timer late (requests then wait unread in the sockets: ``batching/lag.py``)."""
+        its lag timer late (requests then wait unread in the sockets: ``admission/lag.py``)."""
         serving = primary.serving
         if serving is None or serving.batcher.queue_length > 1:  # others than the request just queued
             return True

@@ -12,9 +12,10 @@ import time
 import numpy as np
 import pytest
 
+from edgeinfer.admission import margin
+from edgeinfer.admission.admission import QueueLimits
 from edgeinfer.batching import batcher as batcher_module
-from edgeinfer.batching import margin
-from edgeinfer.batching.batcher import Batcher, QueueLimits
+from edgeinfer.batching.batcher import Batcher
 from edgeinfer.batching.policy import MERGE_TRIAL_ROWS, BatchPolicy
 from edgeinfer.batching.recorder import BatchRecorder
 from edgeinfer.errors import InferenceFailed, RequestTimeout, ServerBusy, Superseded
@@ -670,7 +671,7 @@ def test_a_request_that_goes_ahead_of_a_queue_that_stands_is_not_held_to_half_th
     async def main():
         backend, batcher, running = await _one_running(0.060, 3)  # 30 ms
         queued = [submit(batcher, 2.0, priority=2) for _ in range(2)]
-        standing = batcher._standing
+        standing = batcher.admission.standing
         assert standing is not None
         standing.standing, standing.cut_s = True, 0.030
         with pytest.raises(
@@ -702,7 +703,7 @@ def test_before_decoding_the_queue_is_judged_with_the_lag_as_after_decoding():
     The wait of the second request read in an iteration counts the time since the first (the turn so
     far): 5 ms of lag leaves it 17 ms for that, where 21 ms had left it one, and a host that stalled
     the test for 1.3 ms between the two had the wait refuse it."""
-    from edgeinfer.batching.lag import LoopLag
+    from edgeinfer.admission.lag import LoopLag
 
     async def main():
         backend = FakeBackend(hold=True)
@@ -791,14 +792,14 @@ def _admitted_refused_alone(refused_turn_s: float, margin_s: float):
     """``_slo_batcher``'s judgement of three first requests of an iteration: 0.1 ms behind with turns
     of 10 ms and no margin; 0.1 ms behind with turns of ``refused_turn_s`` and ``margin_s`` of margin;
     on time (a lone request) with turns of 15 ms."""
-    from edgeinfer.batching.lag import LoopLag
+    from edgeinfer.admission.lag import LoopLag
 
     async def main():
         lag = LoopLag()
         batcher = _slo_batcher(lag)
-        assert batcher._margin is not None
+        assert batcher.admission.margin is not None
         admitted = await _judged_next_iteration(batcher, lag, 0.0001, 0.010)
-        batcher._margin.margin_s = margin_s
+        batcher.admission.margin.margin_s = margin_s
         refused = await _judged_next_iteration(batcher, lag, 0.0001, refused_turn_s)
         alone = await _judged_next_iteration(batcher, lag, 0.0, 0.015)
         lag.stop()
@@ -838,7 +839,7 @@ def test_the_requests_read_after_a_refused_one_in_the_same_iteration_share_its_r
     """Within one loop iteration the wait only grows: once a request was refused for it, the rest of
     the iteration's are refused with the same error (each counted) without judging again; the next
     iteration judges afresh."""
-    from edgeinfer.batching.lag import LoopLag
+    from edgeinfer.admission.lag import LoopLag
 
     async def main():
         lag = LoopLag()
@@ -861,7 +862,7 @@ def test_a_refusal_is_given_again_only_within_its_own_iteration():
     """``refuse_again``: the service refuses the rest of an iteration's requests with its first refusal
     without judging them; the batcher says whether that refusal is still this iteration's, and counts
     each one it is given again. Not another error, not the next iteration's."""
-    from edgeinfer.batching.lag import LoopLag
+    from edgeinfer.admission.lag import LoopLag
 
     async def main():
         lag = LoopLag()
@@ -984,15 +985,15 @@ def test_the_loops_idle_ticks_calm_the_margin_while_the_model_has_nothing_to_do(
     """A margin learned under an overload (5 ms of a 10 ms SLO) would outlast it: in an idle spell no
     answers come to bring it down. The event loop's idle ticks (``lag.py``) do, while the model has
     nothing queued or running; while a batch runs they do not (that is the load the margin is for)."""
-    from edgeinfer.batching.lag import LoopLag
+    from edgeinfer.admission.lag import LoopLag
 
     async def main():
         lag = LoopLag()
         backend = FakeBackend(hold=True)
         adaptive = BatchPolicy(max_batch_size=4, adaptive=True)
         batcher = _seeded(backend, adaptive, QueueLimits(slo_s=0.010), lag)
-        assert batcher._margin is not None
-        batcher._margin.margin_s = 0.005
+        assert batcher.admission.margin is not None
+        batcher.admission.margin.margin_s = 0.005
         running = submit(batcher, 1.0)
         lag.stop()  # the ticks are the test's, below
         await entered(backend, 1)
@@ -1058,7 +1059,7 @@ def test_a_newer_frame_of_a_stream_supersedes_the_queued_one(forming_ahead):
 
 
 def test_the_loop_lag_follows_a_blocked_loop_and_falls_back():
-    from edgeinfer.batching.lag import LoopLag
+    from edgeinfer.admission.lag import LoopLag
 
     async def main():
         lag = LoopLag()
@@ -1090,7 +1091,7 @@ def test_the_loop_lag_follows_a_blocked_loop_and_falls_back():
 def test_the_loop_lag_counts_against_the_slo_when_nothing_is_queued():
     """Nothing queued, but the loop is 50 ms behind: a 10 ms request with a 35 ms SLO is refused; one
     that takes 40 ms (it would miss anyway) is admitted."""
-    from edgeinfer.batching.lag import LoopLag
+    from edgeinfer.admission.lag import LoopLag
 
     async def main():
         backend = FakeBackend()

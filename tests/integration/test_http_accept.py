@@ -9,8 +9,8 @@ import socket
 import pytest
 import uvloop
 
-from edgeinfer.server.app import bind
 from edgeinfer.server.http_protocol import HttpLimits, HttpRequest, HttpResponse, HttpServer
+from edgeinfer.supervisor.sockets import bind
 
 WAITING = 50
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import uvloop
 
-from edgeinfer.server.app import bind
 from edgeinfer.server.http_protocol import (
     Answer,
     Deferred,
@@ -20,6 +19,7 @@ from edgeinfer.server.http_protocol import (
     HttpServer,
 )
 from edgeinfer.server.idle_poll import IdlePoll
+from edgeinfer.supervisor.sockets import bind
 
 
 class Slow:

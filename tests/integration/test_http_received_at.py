@@ -7,8 +7,8 @@ import time
 
 import uvloop
 
-from edgeinfer.server.app import bind
 from edgeinfer.server.http_protocol import HttpLimits, HttpRequest, HttpResponse, HttpServer
+from edgeinfer.supervisor.sockets import bind
 
 
 def test_a_request_is_stamped_with_when_its_first_bytes_arrived():

@@ -13,8 +13,8 @@ from pathlib import Path
 import uvloop
 
 from edgeinfer import afterwards
+from edgeinfer.app import Server
 from edgeinfer.config import Config
-from edgeinfer.server.app import Server
 from tests.support import matmul_model
 
 BODY = json.dumps({"inputs": [{"name": "X", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]})
@@ -53,13 +53,15 @@ def test_requests_read_with_a_refused_one_share_its_refusal_and_are_each_counted
             writer.write(infer())
             answered = await responses(reader, 1)  # the cost model has a batch
             assert server.service is not None
-            server.service.registry._lag.lag_s = 10.0  # the loop is far behind: every request misses
+            server.service.registry.lag.lag_s = 10.0  # the loop is far behind: every request misses
             writer.write(infer() + infer("mine") + infer() + infer())
             refused = await responses(reader, 4)
             writer.close()
             afterwards.flush()
             counted = dict(server.service.metrics.model("m", "1").requests)
-            listed = [e for e in server.service.local_overview()["errors"] if e["status"] == "rejected"]
+            assert server.local_scope is not None
+            overview = await server.local_scope.overview()
+            listed = [e for e in overview["errors"] if e["status"] == "rejected"]
             counted["listed"] = len(listed)
             return answered, refused, counted
         finally:

@@ -8,9 +8,9 @@ import time
 
 import uvloop
 
-from edgeinfer.server.app import bind
 from edgeinfer.server.http_protocol import Answer, HttpLimits, HttpRequest, HttpResponse, HttpServer
 from edgeinfer.server.idle_poll import IdlePoll
+from edgeinfer.supervisor.sockets import bind
 
 LIMITS = HttpLimits(max_body_bytes=1024)
 

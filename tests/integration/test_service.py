@@ -12,8 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from edgeinfer.backends import LoadContext
-from edgeinfer.config import ModelConfig, ResidencyConfig, RouteVariant
+from edgeinfer.config import ModelConfig, RouteVariant
 from edgeinfer.errors import (
     InvalidInput,
     ModelEvicted,
@@ -22,14 +21,11 @@ from edgeinfer.errors import (
     ModelNotReady,
     RequestCancelled,
 )
-from edgeinfer.logs import AccessLog
-from edgeinfer.metrics import Metrics
 from edgeinfer.protocol.types import InferRequest, RequestedOutput
-from edgeinfer.repository.registry import ModelState, Registry
-from edgeinfer.repository.residency import Residency
-from edgeinfer.repository.router import Router
+from edgeinfer.repository.registry import ModelState
 from edgeinfer.repository.sources import ModelSource
 from edgeinfer.service import InferenceService
+from tests.core import Core, build_core
 from tests.python_models.models import Doubler
 from tests.support import matmul_model
 
@@ -44,17 +40,7 @@ def python_source(model, name: str, version: str = "1", **config) -> ModelSource
 
 
 def build(discover: Callable[[str, dict | None], list[ModelSource]] = lambda name, override: []):
-    metrics = Metrics()
-    holder: dict[str, InferenceService] = {}
-
-    async def run_step(model, version, request, step, span):
-        return await holder["service"].run_step(model, version, request, step, span)
-
-    registry = Registry(metrics, LoadContext(run_step=run_step))
-    residency = Residency(registry, ResidencyConfig(), lambda name: holder["service"].local_load(name))
-    service = InferenceService(registry, Router(registry), residency, metrics, AccessLog(), discover)
-    holder["service"] = service
-    return service
+    return build_core(discover).service
 
 
 def run(test: Callable[[], Awaitable[object]]) -> object:
@@ -74,8 +60,8 @@ def test_registry_states_through_load_reload_failure_unload_and_eviction(tmp_pat
     (tmp_path / "broken.onnx").write_bytes(b"not a model")
 
     async def main():
-        service = build()
-        registry = service.registry
+        core = build_core()
+        registry = core.service.registry
         await registry.load([onnx_source(good, version="1")])
         assert [(e.version, e.state) for e in registry.index()] == [("1", ModelState.READY)]
         with pytest.raises(ModelLoadError, match="version 2"):
@@ -88,7 +74,7 @@ def test_registry_states_through_load_reload_failure_unload_and_eviction(tmp_pat
         assert "broken.onnx" in states["2"][1]
         await registry.evict("m")
         assert registry.index()[0].state is ModelState.EVICTED
-        assert service.local_index()[0] == {
+        assert (await core.scope.index())[0] == {
             "name": "m",
             "version": "1",
             "state": "UNAVAILABLE",
@@ -201,18 +187,19 @@ def test_a_call_records_success_and_each_failure_exactly_once(tmp_path: Path, ca
     assert lines[0].request_id == "given-id"
 
 
-def _refused_in_one_iteration(path: Path) -> tuple[InferenceService, list]:
+def _refused_in_one_iteration(path: Path) -> tuple[Core, list]:
     """Four requests for an SLO model read in one loop iteration that is 50 ms behind: the first goes
     the usual way (``call``, ``shed``), the rest are offered to ``refused_again`` first (and one for the
     model over another protocol); then one more in the next iteration, after the records were made."""
 
     async def main():
-        service = build()
+        core = build_core()
+        service = core.service
         await service.registry.load([onnx_source(path, max_batch_size=8, slo={"p99_ms": 20})])
         warm = service.call("test", "m", None)
         await warm.submit(x())  # the cost model has a batch
         warm.respond(lambda response: response)
-        lag = service.registry._lag
+        lag = service.registry.lag
         await asyncio.sleep(0)  # a new iteration
         lag.lag_s, lag.turn_s = 0.050, 0.001
         first = service.call("test", "m", None, "first-id")
@@ -223,7 +210,7 @@ def _refused_in_one_iteration(path: Path) -> tuple[InferenceService, list]:
         await asyncio.sleep(0)
         refused.append(service.refused_again("test", "m", None))
         lag.stop()
-        return service, refused
+        return core, refused
 
     return run(main)
 
@@ -234,7 +221,8 @@ def test_the_refusals_of_one_loop_iteration_are_counted_together_with_the_first(
     their own, and count with the first: every one in the metrics and statistics; the first alone in
     the recent errors, and in the access log with their number. Not in the next iteration."""
     with caplog.at_level(logging.INFO, logger="edgeinfer.access"):
-        service, refused = _refused_in_one_iteration(matmul_model(tmp_path / "m.onnx"))
+        core, refused = _refused_in_one_iteration(matmul_model(tmp_path / "m.onnx"))
+    service = core.service
     first = refused[0]
     assert first is not None
     assert "behind" in first.message
@@ -247,7 +235,8 @@ def test_the_refusals_of_one_loop_iteration_are_counted_together_with_the_first(
     assert metrics.duration["test"].count == 5
     assert metrics.refused == {"slo": 4}
     assert service.router.pick("m").recorder.stats.fail.count == 4
-    errors = [error for error in service.local_overview()["errors"] if error["status"] == "rejected"]
+    overview = asyncio.run(core.scope.overview())
+    errors = [error for error in overview["errors"] if error["status"] == "rejected"]
     assert [error["request_id"] for error in errors] == ["first-id"]
     lines = [record for record in caplog.records if record.name == "edgeinfer.access"]
     assert [(line.status, line.request_id, getattr(line, "repeats", 0)) for line in lines] == [
@@ -274,18 +263,18 @@ def test_a_call_decoded_off_the_loop_counts_as_arriving_until_submitted_or_faile
         failed = service.call("test", "m", None)
         assert failed.shed() is None
         failed.defer()
-        arriving.append(batcher._arriving)
+        arriving.append(batcher.admission.view.arriving)
         outputs = submitted.submit(x())
-        arriving.append(batcher._arriving)
+        arriving.append(batcher.admission.view.arriving)
         failed.fail(InvalidInput("the body was not JSON"))
         failed.fail(InvalidInput("recorded already"))
-        arriving.append(batcher._arriving)
+        arriving.append(batcher.admission.view.arriving)
         await outputs
         submitted.respond(lambda response: response)
-        arriving.append(batcher._arriving)
+        arriving.append(batcher.admission.view.arriving)
         unjudged = service.call("test", "m", None)
         unjudged.defer()  # nothing judged before decoding: nothing to count in
-        arriving.append(batcher._arriving)
+        arriving.append(batcher.admission.view.arriving)
         return arriving
 
     assert run(main) == [2, 1, 0, 0, 0]
@@ -309,24 +298,24 @@ def test_statistics_and_metrics_snapshot_count_what_ran(tmp_path: Path):
     path = matmul_model(tmp_path / "m.onnx")
 
     async def main():
-        service = build()
-        await service.registry.load([onnx_source(path, max_batch_size=8)])
+        core = build_core()
+        await core.service.registry.load([onnx_source(path, max_batch_size=8)])
         for _ in range(3):
-            call = service.call("test", "m", None)
+            call = core.service.call("test", "m", None)
             await call.submit(x(2))
             call.respond(lambda response: None)
-        return service
+        return core
 
-    service = run(main)
-    [stats] = service.local_statistics("m", None)["model_stats"]
+    core = run(main)
+    [stats] = asyncio.run(core.scope.statistics("m", None))["model_stats"]
     assert (stats["inference_count"], stats["execution_count"]) == (6, 3)
     assert stats["inference_stats"]["success"]["count"] == 3
-    snapshot = service.local_metrics()["models"]["m\x001"]
+    snapshot = asyncio.run(core.scope.snapshot())["metrics"]["models"]["m\x001"]
     assert sum(snapshot["batch_size"]["counts"]) == 3
     assert snapshot["gauges"]["ready"] is True
     assert snapshot["requests"] == [["test", "success", 3]]
     with pytest.raises(ModelNotFound):
-        service.local_statistics("nope", None)
+        asyncio.run(core.scope.statistics("nope", None))
 
 
 def test_a_pipeline_step_is_an_ordinary_recorded_request(tmp_path: Path):
@@ -349,13 +338,13 @@ def test_load_and_unload_through_the_service_use_the_discovered_sources(tmp_path
     available = {"m": [onnx_source(first, version="1")]}
 
     async def main():
-        service = build(lambda name, override: available[name])
-        await service.load_model("m")
+        control = build_core(lambda name, override: available[name]).control
+        await control.load_model("m")
         available["m"] = [onnx_source(second, version="2")]
-        await service.load_model("m")
-        index = await service.repository_index()
-        await service.unload_model("m")
-        return index, await service.repository_index(ready_only=True)
+        await control.load_model("m")
+        index = await control.repository_index()
+        await control.unload_model("m")
+        return index, await control.repository_index(ready_only=True)
 
     index, ready = run(main)
     assert [(e["version"], e["state"], e["reason"]) for e in index] == [

@@ -13,18 +13,13 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from edgeinfer.backends import LoadContext
-from edgeinfer.config import ModelConfig, ResidencyConfig, TracingConfig
+from edgeinfer.config import ModelConfig, TracingConfig
 from edgeinfer.errors import InvalidInput
-from edgeinfer.logs import AccessLog
-from edgeinfer.metrics import Metrics
 from edgeinfer.protocol.types import InferRequest
-from edgeinfer.repository.registry import Registry
-from edgeinfer.repository.residency import Residency
-from edgeinfer.repository.router import Router
 from edgeinfer.repository.sources import ModelSource
 from edgeinfer.service import InferenceService
 from edgeinfer.tracing import setup
+from tests.core import Core, build_core
 from tests.python_models.models import Doubler
 from tests.support import matmul_model
 
@@ -33,22 +28,15 @@ PARENT_ID = "00f067aa0ba902b7"
 SAMPLED = f"00-{TRACE_ID}-{PARENT_ID}-01"
 
 
-def traced_service(ratio: float = 1.0) -> tuple[InferenceService, InMemorySpanExporter]:
+def traced_core(ratio: float = 1.0) -> tuple[Core, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     tracing = setup(TracingConfig(enabled=True, sampling_ratio=ratio), exporter)
-    metrics = Metrics()
-    holder: dict[str, InferenceService] = {}
+    return build_core(tracing=tracing), exporter
 
-    async def run_step(model: str, version: str | None, request: Any, step: str, span: object) -> Any:
-        return await holder["service"].run_step(model, version, request, step, span)
 
-    registry = Registry(metrics, LoadContext(run_step=run_step), tracing.batches)
-    residency = Residency(registry, ResidencyConfig(), lambda name: holder["service"].local_load(name))
-    service = InferenceService(
-        registry, Router(registry), residency, metrics, AccessLog(), lambda n, o: [], tracing=tracing
-    )
-    holder["service"] = service
-    return service, exporter
+def traced_service(ratio: float = 1.0) -> tuple[InferenceService, InMemorySpanExporter]:
+    core, exporter = traced_core(ratio)
+    return core.service, exporter
 
 
 async def infer(
@@ -245,10 +233,11 @@ def test_a_routed_request_names_the_model_that_answered_and_the_one_asked_for(tm
     async def main() -> Any:
         await service.registry.load([ModelSource("a", "1", str(path), ModelConfig())])
         await service.registry.load([ModelSource("b", "2", str(path), ModelConfig())])
-        await service.set_route("a", [{"model": "b", "weight": 1}])  # all of a's traffic to b
+        await core.control.set_route("a", [{"model": "b", "weight": 1}])  # all of a's traffic to b
         return await infer(service, "a", rows(1.0))
 
-    service, exporter = traced_service()
+    core, exporter = traced_core()
+    service = core.service
     response = asyncio.run(main())
     assert (response.model_name, response.model_version) == ("b", "2")
     [span] = [s for s in exporter.get_finished_spans() if s.name == "infer a"]

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from edgeinfer.batching.lag import GONE_S, TIMER_SLACK_S, next_lag
+from edgeinfer.admission.lag import GONE_S, TIMER_SLACK_S, next_lag
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,7 @@ def test_the_wait_of_a_request_is_the_lag_plus_its_iteration_so_far():
     in the same iteration waited 2 ms more; the next iteration starts a new turn."""
     import asyncio
 
-    from edgeinfer.batching.lag import LoopLag
+    from edgeinfer.admission.lag import LoopLag
 
     async def main() -> list[float | int]:
         lag = LoopLag()
@@ -72,7 +72,7 @@ def _turns_after(work: Callable[[], None]) -> list[float]:
     import asyncio
     import time
 
-    from edgeinfer.batching.lag import LoopLag
+    from edgeinfer.admission.lag import LoopLag
 
     async def main() -> list[float]:
         lag = LoopLag()
@@ -108,7 +108,7 @@ def test_on_time_ticks_bring_a_long_turn_down_without_turns():
     import asyncio
     import time
 
-    from edgeinfer.batching.lag import FALL, LoopLag
+    from edgeinfer.admission.lag import FALL, LoopLag
 
     async def main() -> list[float]:
         lag = LoopLag()
@@ -133,7 +133,7 @@ def test_a_tick_on_time_with_no_request_read_since_the_last_one_counts_as_idle()
     import asyncio
     import time
 
-    from edgeinfer.batching.lag import INTERVAL_S, LoopLag
+    from edgeinfer.admission.lag import INTERVAL_S, LoopLag
 
     async def main() -> list[int]:
         lag = LoopLag()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgeinfer.batching.margin import CALM, GAIN, SloMargin
+from edgeinfer.admission.margin import CALM, GAIN, SloMargin
 
 SLO_S = 0.100
 UP = GAIN * SLO_S * 0.99  # a miss, for a p99 objective

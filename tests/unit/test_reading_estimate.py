@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgeinfer.batching.batcher import _follow_high
+from edgeinfer.admission.estimates import follow_high as _follow_high
 
 
 def follow(values: list[float]) -> float:

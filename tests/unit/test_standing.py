@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgeinfer.batching.standing import BATCHES_KEPT, KEEP, StandingQueue
+from edgeinfer.admission.standing import BATCHES_KEPT, KEEP, StandingQueue
 
 SLO_S = 1.0
 DEEP = 0.7  # of the SLO used by the oldest request of a batch: over KEEP

@@ -11,9 +11,9 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
+from edgeinfer.app import start_tracing
 from edgeinfer.config import Config, TracingConfig, parse
 from edgeinfer.errors import ConfigError
-from edgeinfer.server.app import start_tracing
 from edgeinfer.tracing import Sampling, _resource, exporters_from_environment, sampling_from_environment
 
 OTEL_VARIABLES = (
@@ -162,7 +162,7 @@ def test_a_server_without_tracing_never_imports_opentelemetry():
     script = (
         "import sys, asyncio\n"
         "from edgeinfer.config import Config\n"
-        "from edgeinfer.server.app import Server\n"
+        "from edgeinfer.app import Server\n"
         "server = Server(Config.model_validate({'server': {'http_port': 0, 'grpc_port': 0}}))\n"
         "async def main():\n"
         "    await server.start()\n"

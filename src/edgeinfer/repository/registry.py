@@ -21,9 +21,10 @@ import os
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 
+from edgeinfer.admission.admission import QueueLimits
+from edgeinfer.admission.lag import LoopLag
 from edgeinfer.backends import Backend, LoadContext
-from edgeinfer.batching.batcher import Batcher, BatchSpans, QueueLimits
-from edgeinfer.batching.lag import LoopLag
+from edgeinfer.batching.batcher import Batcher, BatchSpans
 from edgeinfer.batching.policy import BatchPolicy
 from edgeinfer.batching.recorder import BatchRecorder
 from edgeinfer.config import ModelConfig
@@ -109,20 +110,21 @@ class Registry:
     def __init__(
         self,
         metrics: Metrics,
+        lag: LoopLag,
         context: LoadContext | None = None,
         batch_spans: Callable[[str, str], BatchSpans] | None = None,
     ) -> None:
         self._metrics = metrics
+        self.lag = lag  # the event loop's, shared by every batcher (admission and batching read it)
         self._context = context or LoadContext()
         self._batch_spans = batch_spans
         self._models: dict[str, dict[str, ModelVersion]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._lag = LoopLag()  # one per event loop, shared by every batcher
 
     @property
     def loop_lag_s(self) -> float:
         """How far behind the event loop runs (measured while requests come; 0 when idle)."""
-        return self._lag.lag_s
+        return self.lag.lag_s
 
     # ---- changing state ----
 
@@ -292,7 +294,7 @@ class Registry:
             loaded.policy,
             limits,
             recorder,
-            self._lag,
+            self.lag,
             self._batch_spans(source.name, source.version) if self._batch_spans is not None else None,
         )
         return Serving(

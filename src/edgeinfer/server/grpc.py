@@ -29,6 +29,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from edgeinfer.control.parsing import parse_override
+from edgeinfer.control.plane import ControlPlane
 from edgeinfer.errors import (
     EdgeInferError,
     InferenceFailed,
@@ -50,7 +52,7 @@ from edgeinfer.protocol import grpc_codec, json_codec
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
 from edgeinfer.protocol.grpc_gen import edgeinfer_rollouts_pb2 as rollouts_pb
 from edgeinfer.server.auth import GRPC_ROUTES, Guard, presented_key
-from edgeinfer.service import InferenceCall, InferenceService, parse_override
+from edgeinfer.service import InferenceCall, InferenceService
 
 log = logging.getLogger(__name__)
 
@@ -139,12 +141,14 @@ class GrpcServer:
     def __init__(
         self,
         service: InferenceService,
+        control: ControlPlane,
         max_message_bytes: int,
         guard: Guard,
         max_calls: int = 1024,
         credentials: grpc.ServerCredentials | None = None,
     ) -> None:
         self.service = service
+        self.control = control
         self._guard = guard
         self._max_calls = max_calls
         self._active = 0  # calls being handled now (each is an HTTP/2 stream)
@@ -328,26 +332,26 @@ class GrpcServer:
     async def model_statistics(
         self, request: pb.ModelStatisticsRequest, context: Any
     ) -> pb.ModelStatisticsResponse:
-        statistics = await self.service.model_statistics(request.name or None, request.version or None)
+        statistics = await self.control.model_statistics(request.name or None, request.version or None)
         return grpc_codec.from_dict(statistics, pb.ModelStatisticsResponse())
 
     async def repository_index(
         self, request: pb.RepositoryIndexRequest, context: Any
     ) -> pb.RepositoryIndexResponse:
-        models = await self.service.repository_index(ready_only=request.ready)
+        models = await self.control.repository_index(ready_only=request.ready)
         return grpc_codec.from_dict({"models": models}, pb.RepositoryIndexResponse())
 
     async def repository_model_load(
         self, request: pb.RepositoryModelLoadRequest, context: Any
     ) -> pb.RepositoryModelLoadResponse:
         parameters = grpc_codec.parameters_to_dict(request.parameters)
-        await self.service.load_model(request.model_name, parse_override(parameters.get("config")))
+        await self.control.load_model(request.model_name, parse_override(parameters.get("config")))
         return pb.RepositoryModelLoadResponse()
 
     async def repository_model_unload(
         self, request: pb.RepositoryModelUnloadRequest, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
-        await self.service.unload_model(request.model_name)
+        await self.control.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
     # ---- rollout control: the HTTP API's JSON documents (docs/rollouts.md) ----
@@ -355,48 +359,48 @@ class GrpcServer:
     async def list_routes(
         self, request: rollouts_pb.RolloutRequest, context: Any
     ) -> rollouts_pb.RolloutResponse:
-        return _json_reply({"routes": self.service.routes()})
+        return _json_reply({"routes": self.control.routes()})
 
     async def set_route(
         self, request: rollouts_pb.RolloutRequest, context: Any
     ) -> rollouts_pb.RolloutResponse:
-        await self.service.set_route(_named(request), _document(request).get("variants"))
+        await self.control.set_route(_named(request), _document(request).get("variants"))
         return await self.list_routes(request, context)
 
     async def remove_route(
         self, request: rollouts_pb.RolloutRequest, context: Any
     ) -> rollouts_pb.RolloutResponse:
-        await self.service.set_route(_named(request), None)
+        await self.control.set_route(_named(request), None)
         return _json_reply({})
 
     async def list_shadows(
         self, request: rollouts_pb.RolloutRequest, context: Any
     ) -> rollouts_pb.RolloutResponse:
-        return _json_reply({"shadows": self.service.shadow_configs()})
+        return _json_reply({"shadows": self.control.shadow_configs()})
 
     async def set_shadow(
         self, request: rollouts_pb.RolloutRequest, context: Any
     ) -> rollouts_pb.RolloutResponse:
-        await self.service.set_shadow(_named(request), _document(request))
+        await self.control.set_shadow(_named(request), _document(request))
         return await self.list_shadows(request, context)
 
     async def remove_shadow(
         self, request: rollouts_pb.RolloutRequest, context: Any
     ) -> rollouts_pb.RolloutResponse:
-        await self.service.set_shadow(_named(request), None)
+        await self.control.set_shadow(_named(request), None)
         return _json_reply({})
 
     async def list_canaries(
         self, request: rollouts_pb.RolloutRequest, context: Any
     ) -> rollouts_pb.RolloutResponse:
-        return _json_reply({"canaries": await self.service.canary_states()})
+        return _json_reply({"canaries": await self.control.canary_states()})
 
     async def canary_action(
         self, request: rollouts_pb.RolloutRequest, context: Any
     ) -> rollouts_pb.RolloutResponse:
         if not request.action:
             raise InvalidInput("CanaryAction needs an 'action': start, pause, resume, promote or abort")
-        return _json_reply(await self.service.canary_action(_named(request), request.action))
+        return _json_reply(await self.control.canary_action(_named(request), request.action))
 
     def _call(self, request: pb.ModelInferRequest, metadata: _CallMetadata) -> InferenceCall:
         return self.service.call(

@@ -39,6 +39,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.control.parsing import parse_override
+from edgeinfer.control.plane import ControlPlane
 from edgeinfer.errors import (
     EdgeInferError,
     InferenceFailed,
@@ -62,7 +64,7 @@ from edgeinfer.server import http_compression
 from edgeinfer.server.auth import Guard, http_role, presented_key
 from edgeinfer.server.http_protocol import Answer, Deferred, DoneNow, HttpRequest, HttpResponse
 from edgeinfer.server.offload import OffloadThread
-from edgeinfer.service import InferenceCall, InferenceService, new_request_id, parse_override
+from edgeinfer.service import InferenceCall, InferenceService, new_request_id
 
 log = logging.getLogger(__name__)
 
@@ -193,12 +195,14 @@ class V2Routes:
     def __init__(
         self,
         service: InferenceService,
+        control: ControlPlane,
         max_body_bytes: int,
         compress_min_bytes: int,
         guard: Guard,
         max_json_depth: int = json_codec.MAX_DEPTH,
     ) -> None:
         self.service = service
+        self.control = control
         self.max_body_bytes = max_body_bytes
         self.compress_min_bytes = compress_min_bytes
         self.guard = guard
@@ -216,7 +220,7 @@ class V2Routes:
 
     def _route(self, request: HttpRequest) -> Answer:
         parts = request.path.strip("/").split("/")
-        service = self.service
+        service, control = self.service, self.control
         head = parts[0]
         if head == "v2":
             second = parts[1] if len(parts) > 1 else ""
@@ -235,7 +239,7 @@ class V2Routes:
                 return _json(200, service.server_metadata())
             if parts == ["v2", "ui", "state"]:
                 _allow(request, "GET")
-                return _when_done(service.overview(), lambda state: _json(200, state))
+                return _when_done(control.overview(), lambda state: _json(200, state))
             if parts == ["v2", "health", "live"]:
                 _allow(request, "GET")
                 return _json(200, {"live": service.live()})
@@ -246,7 +250,7 @@ class V2Routes:
         elif head == "v1" and len(parts) >= 2 and parts[1] == "models":
             if len(parts) == 2:
                 _allow(request, "GET")
-                return _when_done(service.model_index(), lambda models: _json(200, {"models": models}))
+                return _when_done(control.model_index(), lambda models: _json(200, {"models": models}))
             if len(parts) == 4 and parts[3] == "predict":
                 _allow(request, "POST")
                 return self._infer(request, parts[2], None)
@@ -255,7 +259,7 @@ class V2Routes:
                 return self._infer(request, parts[2], parts[4])
         elif parts == ["metrics"]:
             _allow(request, "GET")
-            return _when_done(service.metrics_exposition(), metrics_response)
+            return _when_done(control.metrics_exposition(), metrics_response)
         elif parts == ["ui"]:
             _allow(request, "GET")
             return HttpResponse(200, status_page(), content_type=b"text/html; charset=utf-8")
@@ -269,53 +273,53 @@ class V2Routes:
         self, request: HttpRequest, parts: list[str]
     ) -> asyncio.Future[HttpResponse] | HttpResponse:
         _allow(request, "POST")
-        service = self.service
+        control = self.control
         document = json_codec.loads_object(request.body, "request body") if request.body.strip() else {}
         if parts == ["v2", "repository", "index"]:
             ready_only = document.get("ready") is True
-            return _when_done(service.repository_index(ready_only), lambda index: _json(200, index))
+            return _when_done(control.repository_index(ready_only), lambda index: _json(200, index))
         if len(parts) == 5 and parts[2] == "models" and parts[4] in ("load", "unload"):
             name = parts[3]
             if parts[4] == "load":
                 parameters = document.get("parameters") or {}
                 override = parse_override(parameters.get("config") if isinstance(parameters, dict) else None)
-                work = service.load_model(name, override)
+                work = control.load_model(name, override)
             else:
-                work = service.unload_model(name)
+                work = control.unload_model(name)
             return _when_done(work, lambda _: _json(200, {}))
         raise RouteNotFound(f"no route for {request.method} {request.path}")
 
     def _routes(self, request: HttpRequest, parts: list[str]) -> HttpResponse | asyncio.Future[HttpResponse]:
         """``/v2/routes[/{m}]``: the body's ``variants``."""
-        service = self.service
+        control = self.control
 
         def set_route(name: str, body: dict[str, Any] | None) -> Awaitable[None]:
-            return service.set_route(name, None if body is None else body.get("variants"))
+            return control.set_route(name, None if body is None else body.get("variants"))
 
-        return _per_model_setting(request, parts, "routes", service.routes, set_route)
+        return _per_model_setting(request, parts, "routes", control.routes, set_route)
 
     def _shadows(self, request: HttpRequest, parts: list[str]) -> HttpResponse | asyncio.Future[HttpResponse]:
         """``/v2/shadows[/{m}]``: the body is the shadow's config."""
-        service = self.service
-        return _per_model_setting(request, parts, "shadows", service.shadow_configs, service.set_shadow)
+        control = self.control
+        return _per_model_setting(request, parts, "shadows", control.shadow_configs, control.set_shadow)
 
     def _canaries(
         self, request: HttpRequest, parts: list[str]
     ) -> HttpResponse | asyncio.Future[HttpResponse]:
-        service = self.service
+        control = self.control
         if len(parts) == 2:
             _allow(request, "GET")
-            return _when_done(service.canary_states(), lambda states: _json(200, {"canaries": states}))
+            return _when_done(control.canary_states(), lambda states: _json(200, {"canaries": states}))
         if len(parts) == 4:
             _allow(request, "POST")
-            return _when_done(service.canary_action(parts[2], parts[3]), lambda state: _json(200, state))
+            return _when_done(control.canary_action(parts[2], parts[3]), lambda state: _json(200, state))
         raise RouteNotFound(f"no route for {request.method} {request.path}")
 
     def _model_route(self, request: HttpRequest, parts: list[str]) -> Answer:
-        service = self.service
+        service, control = self.service, self.control
         if parts == ["v2", "models", "stats"]:
             _allow(request, "GET")
-            return _when_done(service.model_statistics(None, None), lambda stats: _json(200, stats))
+            return _when_done(control.model_statistics(None, None), lambda stats: _json(200, stats))
         name = parts[2]
         version = None
         rest = parts[3:]
@@ -331,7 +335,7 @@ class V2Routes:
             return _json(200 if ready else 503, {"name": name, "ready": ready})
         if action == "stats":
             _allow(request, "GET")
-            return _when_done(service.model_statistics(name, version), lambda stats: _json(200, stats))
+            return _when_done(control.model_statistics(name, version), lambda stats: _json(200, stats))
         if action == "config":
             _allow(request, "GET")
             return _json(200, service.model_config(name, version))

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 INTERVAL_S = 0.005
 TIMER_SLACK_S = 0.001  # libuv's timers have millisecond resolution: lateness below this is not lag
@@ -66,9 +67,11 @@ def next_lag(lag_s: float, late_s: float) -> float:
 
 
 class LoopLag:
-    """One per event loop (the registry's); ``lag_s`` is read on the hot path."""
+    """One per event loop (the composition root's); ``lag_s`` is read on the hot path. ``call_soon``
+    schedules the end of a turn (default: the running loop's; a test gives its own to end turns)."""
 
     __slots__ = (
+        "_call_soon",
         "_handle",
         "_last_use",
         "_loop",
@@ -80,7 +83,8 @@ class LoopLag:
         "turns",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, call_soon: Callable[[Callable[[], None]], object] | None = None) -> None:
+        self._call_soon = call_soon
         self.lag_s = 0.0
         self._handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -103,7 +107,10 @@ class LoopLag:
         if started is None:
             self._turn_started = now
             self._turn_cpu = time.thread_time()
-            asyncio.get_running_loop().call_soon(self._turn_over)
+            if self._call_soon is not None:
+                self._call_soon(self._turn_over)
+            else:
+                asyncio.get_running_loop().call_soon(self._turn_over)
             return self.lag_s
         return self.lag_s + (now - started)
 

@@ -7,9 +7,9 @@
 
     await server.start(); ...; await server.stop()   # embedded in an event loop (one process)
 
-With ``server.workers`` above one, ``run`` hands over to ``workers.Supervisor``, which forks worker
+With ``server.workers`` above one, ``run`` hands over to ``supervisor.Supervisor``, which forks worker
 processes that each run ``serve(worker=...)``: the same server, given the listening socket it inherited
-and a link to the supervisor for everything that concerns the whole server.
+and the whole server's scope (its link to the supervisor) for what concerns the whole server.
 """
 
 from __future__ import annotations
@@ -25,17 +25,21 @@ import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgeinfer.admission.lag import LoopLag
 from edgeinfer.backends import LoadContext
-from edgeinfer.canary import Canaries, held_versions, stable_version
+from edgeinfer.canary import held_versions
 from edgeinfer.config import Config, ModelConfig, ServerConfig, TracingConfig, parse
+from edgeinfer.control.local import LocalScope
+from edgeinfer.control.plane import ControlPlane
+from edgeinfer.control.scope import Scope
+from edgeinfer.dashboard import recent_errors
 from edgeinfer.errors import ConfigError
 from edgeinfer.extras import missing
 from edgeinfer.logs import AccessLog, setup_logging
-from edgeinfer.metrics import Metrics, Snapshot
+from edgeinfer.metrics import Metrics
 from edgeinfer.repository.poller import RepositoryPoller
 from edgeinfer.repository.registry import Registry
 from edgeinfer.repository.remote import S3Mirror, is_remote
@@ -46,7 +50,12 @@ from edgeinfer.server.http import MetricsRoutes, V2Routes, error_response
 from edgeinfer.server.http_protocol import HttpServer
 from edgeinfer.server.idle_poll import IdlePoll
 from edgeinfer.server.security import Security
-from edgeinfer.service import Cluster, InferenceService
+from edgeinfer.service import InferenceService
+from edgeinfer.shadow import Shadows
+from edgeinfer.supervisor.loop import run_with_uvloop
+from edgeinfer.supervisor.sockets import bind
+from edgeinfer.supervisor.supervisor import Supervisor
+from edgeinfer.supervisor.worker import WorkerRole
 from edgeinfer.validation import RequestLimits
 
 if TYPE_CHECKING:
@@ -56,19 +65,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GRPC_DRAIN_S = 10.0  # calls in flight when the server stops get this long to finish (as HTTP requests do)
-
-
-@dataclass
-class WorkerRole:
-    """What a worker process gets from its supervisor: the listening HTTP socket it inherited, the gRPC
-    port to share, and the link for server-wide operations. ``serving`` returns once every worker has
-    loaded its models (at once for a worker that replaces one that died)."""
-
-    index: int
-    http_socket: socket.socket
-    grpc_port: int | None
-    cluster: Cluster
-    serving: Callable[[], Awaitable[None]]
 
 
 class Server:
@@ -90,13 +86,14 @@ class Server:
         Security.check(config.server)
         self._registered: list[ModelSource] = []
         self.service: InferenceService | None = None
+        self.control: ControlPlane | None = None
+        self._local: LocalScope | None = None  # this process's part of the server-wide operations
         self._http: HttpServer | None = None
         self._metrics_http: HttpServer | None = None
         self._grpc: GrpcServer | None = None
         self._grpc_stopping: asyncio.Future[None] | None = None
         self._poller: RepositoryPoller | None = None
         self._security: Security | None = None
-        self._canaries: Canaries | None = None
         self._http_socket: socket.socket | None = None
         self._started = False
         self._tracing: Tracing | None = None
@@ -125,68 +122,60 @@ class Server:
         """Canary candidates that load besides what their model's version policy chooses."""
         return held_versions(self.config.canaries, self.config.repository.cache_path)
 
-    def _build(self, cluster: Cluster | None) -> InferenceService:
-        """Wire one process's core: metrics, registry, router, residency, service."""
+    @property
+    def local_scope(self) -> LocalScope | None:
+        """This process's scope once the core is built (a worker answers its supervisor with it)."""
+        return self._local
+
+    def _build(self, whole: Scope | None) -> tuple[InferenceService, ControlPlane]:
+        """Wire one process's core: metrics, registry, router, residency, the data plane's service and
+        the control plane over ``whole``, the whole server's scope (None: this process is the whole
+        server, and runs the canaries)."""
         config = self.config
         metrics = Metrics()
         service: InferenceService | None = None
+        local: LocalScope | None = None
 
+        # the registry and residency are built before what they call back (a pipeline's steps, the
+        # loading of an evicted model): these bind late
         async def run_step(model: str, version: str | None, request: Any, step: str, span: object) -> Any:
             assert service is not None
             return await service.run_step(model, version, request, step, span)
 
-        async def load_local(name: str) -> None:
-            assert service is not None
-            await service.local_load(name)
+        async def load_here(name: str) -> None:
+            assert local is not None
+            await local.load(name)
 
         tracing = self._tracing = start_tracing(config.tracing)
         registry = Registry(
             metrics,
+            LoopLag(),  # one per event loop: every batcher's admission reads it
             LoadContext(run_step=run_step, observe_step=metrics.observe_step),
             tracing.batches if tracing is not None else None,
         )
-        canaries = None
-        if config.canaries and cluster is None:  # with workers the supervisor runs them (one decision)
-
-            async def snapshot() -> Snapshot:
-                assert service is not None
-                return service.local_metrics()
-
-            async def apply(name: str, route: Any, shadow: Any) -> None:
-                assert service is not None
-                await service.set_route(name, route)
-                await service.set_shadow(name, shadow)
-
-            async def stable_of(name: str, candidate: str) -> str:
-                assert service is not None
-                return stable_version(await service.repository_index(), name, candidate)
-
-            async def reload(name: str) -> None:
-                assert service is not None
-                await service.load_model(name)
-
-            canaries = Canaries(
-                config.canaries, config.repository.cache_path, snapshot, apply, stable_of, reload
-            )
-        self._canaries = canaries
-        residency = Residency(registry, config.residency, load_local)
+        router = Router(registry, config.routes)
+        residency = Residency(registry, config.residency, load_here)
+        shadows = Shadows(registry, router, metrics, config.shadows)
+        errors = recent_errors()
+        local = self._local = LocalScope(
+            registry,
+            router,
+            residency,
+            shadows,
+            metrics,
+            self._discover,
+            errors,
+            config.canaries if whole is None else None,  # with workers the supervisor runs them
+            config.repository.cache_path,
+        )
         access_log = AccessLog(config.logging.access_log, config.logging.access_log_sample_rate)
         limits = config.server.limits
         request_limits = RequestLimits(limits.max_tensor_elements, limits.max_rows, limits.max_bytes_element)
         service = InferenceService(
-            registry,
-            Router(registry, config.routes),
-            residency,
-            metrics,
-            access_log,
-            self._discover,
-            cluster,
-            request_limits,
-            config.shadows,
-            canaries,
-            tracing,
+            registry, router, residency, shadows, metrics, access_log, errors, request_limits, tracing
         )
-        return service
+        control = ControlPlane(whole or local, router, shadows, service.ready, config.residency.memory_factor)
+        return service, control
 
     @property
     def http_port(self) -> int:
@@ -204,14 +193,15 @@ class Server:
         started = time.perf_counter()
         self._started = True
         server_config = self.config.server
-        service = self.service = self._build(worker.cluster if worker else None)
+        service, control = self._build(worker.scope if worker else None)
+        self.service, self.control = service, control
         security = self._security = Security(server_config, service.metrics)
         if worker is None:
             security.warn_if_open()
             await self._listen(bind(server_config.host, server_config.http_port), server_config.grpc_port)
             if server_config.metrics_port is not None:
                 metrics_socket = bind(server_config.host, server_config.metrics_port, "metrics")
-                metrics_routes = MetricsRoutes(service.metrics_exposition, security.guard)
+                metrics_routes = MetricsRoutes(control.metrics_exposition, security.guard)
                 self._metrics_http = security.http_server(metrics_routes, error_response, 64 * 1024)
                 await self._metrics_http.start(metrics_socket)
         # a worker reads the repository again: one forked to replace another starts from what is there now
@@ -226,8 +216,8 @@ class Server:
             await self.stop()
             raise
         service.residency.start()
-        if self._canaries is not None:
-            await self._canaries.start()
+        if self._local is not None:
+            await self._local.start()
         if worker is None:
             self._start_poller()
         else:
@@ -255,8 +245,10 @@ class Server:
         assert self._security is not None
         server_config = self.config.server
         self._http_socket = http_socket
+        assert self.control is not None
         routes = V2Routes(
             self.service,
+            self.control,
             server_config.max_request_bytes,
             server_config.compress_min_bytes,
             self._security.guard,
@@ -271,8 +263,8 @@ class Server:
             await self._start_grpc(server_config.host, grpc_port, server_config.max_request_bytes)
 
     def _start_poller(self) -> None:
-        assert self.service is not None
-        self._poller = self.repository_poller(self.service.load_model, self.service.unload_model)
+        assert self._local is not None
+        self._poller = self.repository_poller(self._local.load, self._local.unload)
         if self._poller is not None:
             self._poller.start()
 
@@ -296,9 +288,11 @@ class Server:
         from edgeinfer.server.grpc import GrpcServer
 
         assert self.service is not None
+        assert self.control is not None
         assert self._security is not None
         self._grpc = GrpcServer(
             self.service,
+            self.control,
             max_message_bytes,
             self._security.guard,
             self.config.server.limits.max_grpc_streams,
@@ -322,8 +316,8 @@ class Server:
             service.set_ready(False)
         if self._security is not None:
             self._security.stop_watching()
-        if self._canaries is not None:
-            await self._canaries.stop()
+        if self._local is not None:
+            await self._local.stop()
         if self._poller is not None:
             await self._poller.stop()
             self._poller = None
@@ -396,40 +390,11 @@ class Server:
             setup_logging(self.config.logging.level, self.config.logging.format)
         workers = self.config.server.worker_count
         if workers > 1:
-            from edgeinfer.server.workers import Supervisor
-
             code = Supervisor(self, workers).run()
             if code:
                 raise SystemExit(code)
             return
         run_with_uvloop(self.serve())
-
-
-def run_with_uvloop(coroutine: object) -> None:
-    try:
-        import uvloop
-    except ImportError:  # uvloop is not built for every platform (Windows)
-        asyncio.run(coroutine)  # type: ignore[arg-type]
-        return
-    uvloop.run(coroutine)  # type: ignore[arg-type]
-
-
-def bind(host: str, port: int, what: str = "HTTP", reuse_port: bool = False) -> socket.socket:
-    """A listening socket (``reuse_port``: bound only, to reserve a port that processes share)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port} for {what}: {exc.strerror}") from None
-    if not reuse_port:
-        sock.listen(2048)
-    sock.setblocking(False)
-    return sock
 
 
 def _return_freed_memory() -> None:
