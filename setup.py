@@ -51,6 +51,7 @@ COMPILED = [
     "edgeinfer/batching/policy.py",
     "edgeinfer/batching/recorder.py",
     "edgeinfer/batching/stats.py",
+    "edgeinfer/head.py",
     "edgeinfer/metrics.py",
     "edgeinfer/outcome.py",
     "edgeinfer/protocol/datatypes.py",
@@ -64,7 +65,10 @@ COMPILED = [
     "edgeinfer/runners/inline.py",
     "edgeinfer/runners/thread.py",
     "edgeinfer/server/http.py",
+    "edgeinfer/server/http_errors.py",
+    "edgeinfer/server/http_infer.py",
     "edgeinfer/server/http_protocol.py",
+    "edgeinfer/server/http_routes.py",
     "edgeinfer/service.py",
     "edgeinfer/validation.py",
 ]

@@ -18,8 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.models import tiny
@@ -27,7 +25,6 @@ from edgeinfer.admission.lag import LoopLag
 from edgeinfer.backends import LoadContext
 from edgeinfer.config import ModelConfig, RouteVariant
 from edgeinfer.metrics import Metrics
-from edgeinfer.protocol.types import InferRequest
 from edgeinfer.repository.registry import Registry
 from edgeinfer.repository.router import Router
 from edgeinfer.repository.sources import ModelSource
@@ -35,13 +32,13 @@ from edgeinfer.repository.sources import ModelSource
 ROUTE = (RouteVariant(version="1", weight=90), RouteVariant(version="2", weight=10))
 
 
-def per_pick_us(router: Router, requests: list[InferRequest], rounds: int = 5) -> float:
+def per_pick_us(router: Router, keys: list[str | None], rounds: int = 5) -> float:
     best = float("inf")
     for _ in range(rounds):
         started = time.perf_counter()
-        for request in requests:
-            router.pick("tiny", None, request)
-        best = min(best, (time.perf_counter() - started) / len(requests))
+        for key in keys:
+            router.serve("tiny", None, key)
+        best = min(best, (time.perf_counter() - started) / len(keys))
     return best * 1e6
 
 
@@ -56,13 +53,9 @@ async def measure(picks: int, folder: Path) -> dict[str, float]:
     ]
     await registry.load(sources)
     try:
-        rows = np.ones((1, 16), np.float32)
-        clients = [
-            InferRequest({"INPUT0": rows}, parameters={"routing_key": f"client-{i % 1000}"})
-            for i in range(picks)
-        ]
-        fresh = [InferRequest({"INPUT0": rows}, parameters={"routing_key": f"key-{i}"}) for i in range(picks)]
-        plain = [InferRequest({"INPUT0": rows}) for _ in range(picks)]
+        clients: list[str | None] = [f"client-{i % 1000}" for i in range(picks)]
+        fresh: list[str | None] = [f"key-{i}" for i in range(picks)]
+        plain: list[str | None] = [None] * picks
         unrouted, routed = Router(registry), Router(registry, {"tiny": ROUTE})
         base = per_pick_us(unrouted, plain)
         return {

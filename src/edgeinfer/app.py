@@ -46,7 +46,8 @@ from edgeinfer.repository.remote import S3Mirror, is_remote
 from edgeinfer.repository.residency import Residency
 from edgeinfer.repository.router import Router
 from edgeinfer.repository.sources import ModelSource, discover, discover_model
-from edgeinfer.server.http import MetricsRoutes, V2Routes, error_response
+from edgeinfer.server.http import MetricsRoutes, V2Routes
+from edgeinfer.server.http_errors import error_response
 from edgeinfer.server.http_protocol import HttpServer
 from edgeinfer.server.idle_poll import IdlePoll
 from edgeinfer.server.security import Security

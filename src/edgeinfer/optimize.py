@@ -38,7 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.errors import EdgeInferError
 from edgeinfer.extras import MissingExtra, need
+from edgeinfer.protocol.json_codec import decode_request
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +129,6 @@ def verdict(agreements: Sequence[OutputAgreement], max_drop: float) -> str | Non
 
 def load_samples(folder: Path) -> list[Sample]:
     """Every ``*.json`` (a V2 request) and ``*.npz`` file of ``folder``, in name order."""
-    from edgeinfer.errors import EdgeInferError
-    from edgeinfer.protocol.json_codec import decode_request
-
     files = sorted(path for path in folder.iterdir() if path.suffix in (".json", ".npz"))
     if not files:
         raise OptimizeError(f"{folder} has no samples (*.json V2 requests or *.npz arrays)")

@@ -32,6 +32,7 @@ from edgeinfer.errors import (
     ServerBusy,
 )
 from edgeinfer.errors import describe as describe_error
+from edgeinfer.head import RequestHead
 from edgeinfer.logs import AccessLog
 from edgeinfer.metrics import UNKNOWN_MODEL, Metrics, status_label
 from edgeinfer.outcome import Outcome
@@ -53,7 +54,7 @@ from edgeinfer.validation import (
 
 if TYPE_CHECKING:
     from edgeinfer.batching.batcher import Batcher
-    from edgeinfer.tracing import TraceHeaders, Tracing
+    from edgeinfer.tracing import Tracing
 
 EXTENSIONS: tuple[str, ...] = ("binary_tensor_data", "statistics", "model_configuration", "model_repository")
 T = TypeVar("T")
@@ -216,23 +217,12 @@ class InferenceService:
 
     # ---- inference ----
 
-    def call(
-        self,
-        protocol: str,
-        model: str,
-        version: str | None,
-        request_id: str | None = None,
-        trace_headers: TraceHeaders | None = None,
-        received_at: float | None = None,
-    ) -> InferenceCall:
-        """Start one inference request; ``request_id`` is the transport's (a header or metadata), and
-        ``trace_headers`` the W3C ``traceparent`` and ``tracestate`` it received (read when ``traced``).
-        ``received_at`` (``time.monotonic``): when the transport began receiving it; the model's SLO
-        counts from then (a large body can take long to arrive while the server is busy)."""
-        outcome = Outcome(protocol, model, version, request_id or "", received_at=received_at)
+    def call(self, head: RequestHead) -> InferenceCall:
+        """Start one inference request from what its transport knows before the body (``head``)."""
+        outcome = Outcome(head.protocol, head.model, head.version, head.request_id or "", head.received_at)
         if self._tracing is not None:
-            self._tracing.begin(outcome, trace_headers)
-        return InferenceCall(self, outcome)
+            self._tracing.begin(outcome, head.trace_headers)
+        return InferenceCall(self, outcome, head)
 
     async def run_step(
         self,
@@ -247,7 +237,7 @@ class InferenceService:
         outcome = Outcome("pipeline", model, version, request.id or "")
         if self._tracing is not None:
             self._tracing.begin_step(outcome, step, pipeline_span)
-        call = InferenceCall(self, outcome)
+        call = InferenceCall(self, outcome, RequestHead("pipeline", model, version))
         try:
             await call.submit(request)
             return call.respond(lambda response: response.outputs)
@@ -381,7 +371,9 @@ class InferenceCall:
     """
 
     __slots__ = (
+        "_deadline",
         "_expected",
+        "_head",
         "_judged",
         "_model",
         "_output_parameters",
@@ -394,9 +386,11 @@ class InferenceCall:
         "request",
     )
 
-    def __init__(self, service: InferenceService, outcome: Outcome) -> None:
+    def __init__(self, service: InferenceService, outcome: Outcome, head: RequestHead) -> None:
         self._service = service
         self.outcome = outcome
+        self._head = head
+        self._deadline: float | None = None  # fixed when first queued (``_timeout_s``)
         self.request: InferRequest | None = None
         self._outputs: asyncio.Future[Tensors] | None = None
         self._model = outcome.model
@@ -459,37 +453,55 @@ class InferenceCall:
         return request
 
     def submit(
-        self,
-        request: InferRequest,
-        deadline_s: float | None = None,
-        on_done: Callable[[], None] | None = None,
+        self, request: InferRequest, on_done: Callable[[], None] | None = None
     ) -> asyncio.Future[Tensors]:
         """Queue the request on the version the router picks; the future holds its outputs.
 
         A model evicted to save memory is loaded first (bounded by the request's deadline), so that
-        future takes longer. ``deadline_s`` is the transport's own deadline (a gRPC client's), in
-        seconds from now; the request's ``timeout`` parameter also counts. ``on_done``: called in the
-        loop iteration the batch completes the future in (``Batcher.submit``), where its callbacks
-        run an iteration later; not for every way the future can end, so its callbacks must still
-        answer.
+        future takes longer. The deadline is the earlier of the head's (the transport's) and the
+        request's ``timeout`` parameter. ``on_done``: called in the loop iteration the batch completes
+        the future in (``Batcher.submit``), where its callbacks run an iteration later; not for every
+        way the future can end, so its callbacks must still answer.
         """
         self.request = request
         if not self.outcome.request_id:
             self.outcome.request_id = request.id or new_request_id()
         self._arrived()
         try:
-            self._outputs = self._queue(request, deadline_s, on_done)
+            self._outputs = self._queue(request, on_done)
         except ModelEvicted:
-            self._outputs = asyncio.ensure_future(self._load_then_queue(request, deadline_s))
+            self._outputs = asyncio.ensure_future(self._load_then_queue(request))
         return self._outputs
 
+    def _timeout_s(self, given_s: float | None) -> float | None:
+        """Seconds left until the request's deadline: the head's or ``given_s`` (its ``timeout``) from
+        when it was first queued, whichever is earlier (None: neither)."""
+        deadline = self._deadline
+        if deadline is None:
+            head_deadline = self._head.deadline
+            if given_s is None and head_deadline is None:
+                return None
+            now = time.monotonic()
+            own = now + given_s if given_s is not None else None
+            if own is None or (head_deadline is not None and head_deadline < own):
+                deadline = head_deadline
+            else:
+                deadline = own
+            self._deadline = deadline
+            return None if deadline is None else max(0.0, deadline - now)
+        return max(0.0, deadline - time.monotonic())
+
     def _queue(
-        self, request: InferRequest, deadline_s: float | None, on_done: Callable[[], None] | None = None
+        self, request: InferRequest, on_done: Callable[[], None] | None = None
     ) -> asyncio.Future[Tensors]:
         service, outcome = self._service, self.outcome
+        parameters = request.parameters
         entry = self._settled
         if entry is None or entry.state is not _READY:  # not picked before decoding, or since unloaded
-            entry = service.router.pick(outcome.model, outcome.version, request)
+            key = parameters.get("routing_key") if parameters else None  # the body's wins
+            entry = service.router.serve(
+                outcome.model, outcome.version, self._head.routing_key if key is None else str(key)
+            )
         serving = entry.serving
         if entry.state is not _READY or serving is None:
             raise ModelNotReady(f"model {entry.name!r} version {entry.version} is {entry.state.wire.lower()}")
@@ -511,13 +523,12 @@ class InferenceCall:
             outcome.trace.steps,
             outcome.trace.span,
         )
-        parameters = request.parameters
         if parameters:
             priority = parse_priority(parameters, entry.config.default_priority_level)
-            timeout_s = _earliest(parse_timeout_s(parameters), deadline_s)
-            stream = parse_stream(parameters)
+            timeout_s = self._timeout_s(parse_timeout_s(parameters))
+            stream = parse_stream(parameters, self._head.stream_id)
         else:  # most requests set none of them
-            priority, timeout_s, stream = entry.config.default_priority_level, deadline_s, None
+            priority, timeout_s, stream = entry.config.default_priority_level, self._timeout_s(None), None
         answer = serving.batcher.submit(
             work,
             checked.group,
@@ -532,14 +543,11 @@ class InferenceCall:
             service.shadows.mirror(outcome.model, entry, request, answer)
         return answer
 
-    async def _load_then_queue(self, request: InferRequest, deadline_s: float | None) -> Tensors:
-        started = time.monotonic()
-        timeout_s = _earliest(parse_timeout_s(request.parameters), deadline_s)
+    async def _load_then_queue(self, request: InferRequest) -> Tensors:
+        timeout_s = self._timeout_s(parse_timeout_s(request.parameters))  # fixes the deadline
         await self._service.load_evicted(self.outcome.model, timeout_s)
         self._settled = None  # picked again, now that it is loaded
-        left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - started))
-        request.parameters.pop("timeout", None)  # what is left of it is in ``left``
-        return await self._queue(request, left)
+        return await self._queue(request)  # with what is left until the deadline
 
     def respond(self, encode: Callable[[InferResponse], T]) -> T:
         """Once the outputs are there: the response, encoded by the transport (timed), recorded as a
@@ -588,8 +596,3 @@ class InferenceCall:
             self.outcome.request_id = new_request_id()
         self.outcome.error = error
         self._service.record(self.outcome)
-
-
-def _earliest(*timeouts_s: float | None) -> float | None:
-    given = [timeout for timeout in timeouts_s if timeout is not None]
-    return min(given) if given else None

@@ -165,15 +165,18 @@ def parse_priority(parameters: dict[str, Any], default: int) -> int:
     return value
 
 
-def parse_stream(parameters: dict[str, Any]) -> str | None:
+def parse_stream(parameters: dict[str, Any], own: str | None = None) -> str | None:
     """The stream a request belongs to when it asks to replace its stream's queued frame
-    (``stream_id`` and ``drop_stale: true``); None otherwise."""
+    (``stream_id`` and ``drop_stale: true``; ``own``: the transport's stream, when the body names
+    none); None otherwise."""
     drop = parameters.get("drop_stale")
     if drop is None or drop is False:
         return None
     if drop is not True:
         raise InvalidInput(f"parameter 'drop_stale' must be true or false, got {drop!r}")
     stream = parameters.get("stream_id")
+    if stream is None:
+        stream = own
     if isinstance(stream, bool) or not isinstance(stream, (str, int)) or stream == "":
         raise InvalidInput(
             f"parameter 'drop_stale' needs a 'stream_id' (a string or an integer), got {stream!r}"

@@ -16,7 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from edgeinfer.protocol import json_scan
-from edgeinfer.server.http import OFF_LOOP_BYTES
+from edgeinfer.server.http_infer import OFF_LOOP_BYTES
 from tests.support import EXAMPLES, ServerProcess, request, scrape, wait_for
 
 SIMPLE = EXAMPLES / "model_repository" / "simple" / "2" / "model.onnx"

@@ -15,6 +15,7 @@ import pytest
 from edgeinfer.config import ModelConfig
 from edgeinfer.control.scope import OPERATIONS
 from edgeinfer.errors import ModelNotFound
+from edgeinfer.head import RequestHead
 from edgeinfer.metrics import Metrics
 from edgeinfer.protocol.types import InferRequest
 from edgeinfer.repository.sources import ModelSource
@@ -90,7 +91,7 @@ def test_a_load_reaches_every_worker_and_readings_are_merged(tmp_path: Path):
         await linked.cluster.load("m")
         assert [core.service.router.pick("m").version for core in (first, second)] == ["1", "1"]
         for core, rows in ((first, 1), (second, 3)):
-            call = core.service.call("test", "m", None)
+            call = core.service.call(RequestHead("test", "m", None))
             await call.submit(InferRequest({"X": np.ones((rows, 16), np.float32)}))
             call.respond(lambda response: None)
         [stats] = (await linked.cluster.statistics("m", "1"))["model_stats"]

@@ -21,6 +21,7 @@ from edgeinfer.errors import (
     ModelNotReady,
     RequestCancelled,
 )
+from edgeinfer.head import RequestHead
 from edgeinfer.protocol.types import InferRequest, RequestedOutput
 from edgeinfer.repository.registry import ModelState
 from edgeinfer.repository.sources import ModelSource
@@ -152,23 +153,23 @@ def test_a_call_records_success_and_each_failure_exactly_once(tmp_path: Path, ca
     async def main():
         service = build()
         await service.registry.load([onnx_source(path, max_batch_size=8)])
-        ok = service.call("test", "m", None, "given-id")
+        ok = service.call(RequestHead("test", "m", None, "given-id"))
         request = ok.decode(lambda _: InferRequest({"X": np.ones((2, 16), np.float32)}, id="body-id"), None)
         await ok.submit(request)
         response = ok.respond(lambda response: response)
         ok.fail(RuntimeError("recorded already: ignored"))
-        bad = service.call("test", "m", None)
+        bad = service.call(RequestHead("test", "m", None))
         wrong = bad.decode(lambda _: InferRequest({"X": np.ones((2, 3), np.float32)}), None)
         with pytest.raises(InvalidInput, match=r"expects \[-1, 16\]") as caught:
             bad.submit(wrong)
         bad.fail(caught.value)
-        failing_encoder = service.call("test", "m", None)
+        failing_encoder = service.call(RequestHead("test", "m", None))
         await failing_encoder.submit(x())
         with pytest.raises(TypeError):
             failing_encoder.respond(lambda response: (_ for _ in ()).throw(TypeError("cannot encode")))
-        gone = service.call("test", "m", None)
+        gone = service.call(RequestHead("test", "m", None))
         gone.fail(RequestCancelled("the client went away"))
-        unknown = service.call("test", "nope", None)
+        unknown = service.call(RequestHead("test", "nope", None))
         with pytest.raises(ModelNotFound) as caught:
             unknown.submit(x())
         unknown.fail(caught.value)
@@ -196,13 +197,13 @@ def _refused_in_one_iteration(path: Path) -> tuple[Core, list]:
         core = build_core()
         service = core.service
         await service.registry.load([onnx_source(path, max_batch_size=8, slo={"p99_ms": 20})])
-        warm = service.call("test", "m", None)
+        warm = service.call(RequestHead("test", "m", None))
         await warm.submit(x())  # the cost model has a batch
         warm.respond(lambda response: response)
         lag = service.registry.lag
         await asyncio.sleep(0)  # a new iteration
         lag.lag_s, lag.turn_s = 0.050, 0.001
-        first = service.call("test", "m", None, "first-id")
+        first = service.call(RequestHead("test", "m", None, "first-id"))
         refused = [first.shed()]
         refused += [service.refused_again("test", "m", None) for _ in range(3)]
         refused.append(service.refused_again("other protocol", "m", None))
@@ -256,11 +257,11 @@ def test_a_call_decoded_off_the_loop_counts_as_arriving_until_submitted_or_faile
         await service.registry.load([onnx_source(path, max_batch_size=8)])
         batcher = service.router.pick("m").serving.batcher
         arriving = []
-        submitted = service.call("test", "m", None)
+        submitted = service.call(RequestHead("test", "m", None))
         assert submitted.shed() is None
         submitted.defer()
         submitted.defer()  # once only
-        failed = service.call("test", "m", None)
+        failed = service.call(RequestHead("test", "m", None))
         assert failed.shed() is None
         failed.defer()
         arriving.append(batcher.admission.view.arriving)
@@ -272,7 +273,7 @@ def test_a_call_decoded_off_the_loop_counts_as_arriving_until_submitted_or_faile
         await outputs
         submitted.respond(lambda response: response)
         arriving.append(batcher.admission.view.arriving)
-        unjudged = service.call("test", "m", None)
+        unjudged = service.call(RequestHead("test", "m", None))
         unjudged.defer()  # nothing judged before decoding: nothing to count in
         arriving.append(batcher.admission.view.arriving)
         return arriving
@@ -284,7 +285,7 @@ def test_requested_outputs_and_output_parameters_reach_the_response(tmp_path: Pa
     async def main():
         service = build()
         await service.registry.load([python_source(Doubler(factor=3), "d")])
-        call = service.call("test", "d", None)
+        call = service.call(RequestHead("test", "d", None))
         request = InferRequest({"x": np.ones((1, 4), np.float32)}, outputs=[RequestedOutput("y")])
         await call.submit(request)
         return call.respond(lambda response: response)
@@ -301,7 +302,7 @@ def test_statistics_and_metrics_snapshot_count_what_ran(tmp_path: Path):
         core = build_core()
         await core.service.registry.load([onnx_source(path, max_batch_size=8)])
         for _ in range(3):
-            call = core.service.call("test", "m", None)
+            call = core.service.call(RequestHead("test", "m", None))
             await call.submit(x(2))
             call.respond(lambda response: None)
         return core

@@ -15,6 +15,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from edgeinfer.config import ModelConfig, TracingConfig
 from edgeinfer.errors import InvalidInput
+from edgeinfer.head import RequestHead
 from edgeinfer.protocol.types import InferRequest
 from edgeinfer.repository.sources import ModelSource
 from edgeinfer.service import InferenceService
@@ -46,7 +47,7 @@ async def infer(
     headers: tuple[str, str | None] | None = None,
 ) -> Any:
     """What a transport does: decode (here: the request as is), submit, respond; a failure is recorded."""
-    call = service.call("test", model, None, None, headers)
+    call = service.call(RequestHead("test", model, None, None, headers))
     try:
         decoded = call.decode(lambda data: data, request)
         await call.submit(decoded)

@@ -13,7 +13,6 @@ from edgeinfer.server.auth import (
     Guard,
     KeyRing,
     digest,
-    http_role,
     new_key,
     parse_keys,
     presented_key,
@@ -84,32 +83,6 @@ def test_every_digest_is_compared_and_a_wrong_key_is_never_echoed():
 )
 def test_the_key_is_read_from_bearer_or_x_api_key(authorization, api_key, presented):
     assert presented_key(authorization, api_key) == presented
-
-
-@pytest.mark.parametrize(
-    ("path", "role"),
-    [
-        ("/metrics", "metrics"),
-        ("/metrics/", "metrics"),
-        ("/v2/repository/index", "admin"),
-        ("/v2/repository/models/m/load", "admin"),
-        ("/v2/models/stats", "admin"),
-        ("/v2/models/m/versions/1/stats", "admin"),
-        ("/v2/models/m/infer", "infer"),
-        ("/v2/models/stats-model/infer", "infer"),
-        ("/v2", "infer"),
-        ("/v1/models/m/predict", "infer"),
-        ("/v2/health/live", "infer"),
-        ("/nowhere", "infer"),
-    ],
-)
-def test_the_role_each_http_path_needs(path: str, role: str):
-    assert http_role(path) == role
-
-
-def test_grpc_methods_need_the_role_of_their_http_twin():
-    for method, (role, path) in GRPC_ROUTES.items():
-        assert http_role(path.format(model="m")) == role, method
 
 
 def test_every_rollout_method_needs_the_admin_role():

@@ -14,7 +14,7 @@ from edgeinfer.errors import (
     TooLarge,
 )
 from edgeinfer.server.grpc import code_for, retry_pushback
-from edgeinfer.server.http import response_for_error
+from edgeinfer.server.http_errors import response_for_error
 
 
 @pytest.mark.parametrize(

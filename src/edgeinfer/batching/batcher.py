@@ -146,7 +146,7 @@ class Batcher:
         if lag is not None:
             lag.used(now)
         deadline = self.limits.deadline(now, timeout_s)
-        due = self.admission.due(now, received_at)
+        due = self.admission.due(now, received_at) if self.limits.slo_s is not None else None
         if (deadline is not None or due is not None) and (view.busy or (lag is not None and lag.lag_s)):
             refusal = self.admission.judge(work.rows, priority, now, deadline, due)
             if refusal is not None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeinfer.backends import Backend, LoadContext, can_batch, load_backend
+from edgeinfer.backends import Backend, LoadContext, can_batch, load_backend, python
 from edgeinfer.batching.policy import BatchPolicy
 from edgeinfer.config import WarmupConfig
 from edgeinfer.errors import InvalidInput, ModelLoadError, RowsMismatch, RuntimeRejected
@@ -47,8 +47,6 @@ def load_model(source: ModelSource, context: LoadContext) -> LoadedModel:
     if path and is_remote(path):
         path = str(fetch_url(path, source.config.sha256, Path(source.cache_dir or ".")))
     if source.instance is not None:  # given to Server.register: a Python model object or factory
-        from edgeinfer.backends import python
-
         backend: Backend = python.from_registered(source.instance, source.config, source.name)
     else:
         backend = load_backend(path, source.config, source.name, context)

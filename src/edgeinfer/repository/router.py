@@ -14,7 +14,6 @@ import time
 from edgeinfer.config import RouteVariant
 from edgeinfer.errors import EdgeInferError, ModelEvicted, ModelNotFound, ModelNotReady
 from edgeinfer.metrics import LadderGauges
-from edgeinfer.protocol.types import InferRequest
 from edgeinfer.repository.ladder import Ladder
 from edgeinfer.repository.registry import ModelState, ModelVersion, Registry, version_key
 from edgeinfer.repository.routes import Route
@@ -48,24 +47,28 @@ class Router:
         ladder = self._ladders.get(name)
         return ladder is not None and ladder.fallback == other
 
-    def pick(
-        self, name: str, version: str | None = None, request: InferRequest | None = None
-    ) -> ModelVersion:
-        """The version to serve ``request`` (or to describe, without one)."""
+    def pick(self, name: str, version: str | None = None) -> ModelVersion:
+        """The version a request for ``name`` (and ``version``) is described by: the one named, else
+        the highest READY one."""
+        if version is not None:
+            return self._registry.get(name, version)
+        return self._highest_ready(name)
+
+    def serve(self, name: str, version: str | None, key: str | None) -> ModelVersion:
+        """The version to serve a request: the one it names; else the fallback while the model's
+        ladder is stepped down, else its route's variant for routing ``key``, else the highest READY."""
         if version is not None:
             return self._registry.get(name, version)
         best = self._highest_ready(name)
-        if request is None:
-            return best
         fallback = best.config.fallback
         if fallback is None:
             self._forget_ladder(name)
-            return self._routed(name, best, request) if self._routes else best
+            return self._routed(name, best, key) if self._routes else best
         ladder = self._ladders.get(name)
         if ladder is None or ladder.config is not fallback:  # first request, or the model was reloaded
             ladder = self._ladders[name] = Ladder(name, fallback)
         if not ladder.degraded(time.monotonic()):
-            return self._routed(name, best, request) if self._routes else best
+            return self._routed(name, best, key) if self._routes else best
         try:
             return self._highest_ready(ladder.fallback)
         except EdgeInferError:  # the fallback is not there (unknown, unloaded): the model itself answers
@@ -90,14 +93,13 @@ class Router:
         if self._ladders:
             self._ladders.pop(name, None)
 
-    def _routed(self, name: str, best: ModelVersion, request: InferRequest) -> ModelVersion:
+    def _routed(self, name: str, best: ModelVersion, key: str | None) -> ModelVersion:
         """The variant of ``name``'s route for this request, or ``best`` when there is no route or the
         variant cannot serve now (not loaded, not ready): a route never fails a request."""
         route = self._routes.get(name)
         if route is None:
             return best
-        key = request.parameters.get("routing_key")
-        variant = route.choose(None if key is None else str(key))
+        variant = route.choose(key)
         if variant.model == name and variant.version in (None, best.version):
             return best
         try:

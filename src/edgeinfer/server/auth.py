@@ -159,23 +159,7 @@ def _parse_key(entry: Any, position: int, source: str) -> ApiKey:
     return ApiKey(name, key_digest, frozenset(roles))
 
 
-# ---- which role a route needs ----
-
-
-def http_role(path: str) -> str | tuple[str, ...] | None:
-    """The role an HTTP path needs, the roles any one of which will do, or None: no key (the method does
-    not matter: a wrong one is 405 after the check)."""
-    if path.rstrip("/") == "/metrics":
-        return "metrics"
-    if path.rstrip("/") == "/ui":  # the status page itself is a static file; its data needs a key
-        return None
-    if path.startswith("/v2/ui/"):  # the status page's data: who watches the box, or who runs it
-        return ("metrics", "admin")
-    if path.startswith(("/v2/repository", "/v2/routes", "/v2/shadows", "/v2/canaries")):
-        return "admin"
-    if path.startswith("/v2/models") and path.rstrip("/").endswith("/stats"):
-        return "admin"
-    return "infer"
+# ---- which role a gRPC method needs (HTTP routes: server/http_routes.py) ----
 
 
 # gRPC methods: the role, and the HTTP path that means the same (``open_paths`` is matched against it)

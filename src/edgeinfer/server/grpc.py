@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -48,6 +49,7 @@ from edgeinfer.errors import (
     Unauthenticated,
 )
 from edgeinfer.errors import describe as describe_error
+from edgeinfer.head import RequestHead
 from edgeinfer.protocol import grpc_codec, json_codec
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
 from edgeinfer.protocol.grpc_gen import edgeinfer_rollouts_pb2 as rollouts_pb
@@ -402,26 +404,37 @@ class GrpcServer:
             raise InvalidInput("CanaryAction needs an 'action': start, pause, resume, promote or abort")
         return _json_reply(await self.control.canary_action(_named(request), request.action))
 
-    def _call(self, request: pb.ModelInferRequest, metadata: _CallMetadata) -> InferenceCall:
-        return self.service.call(
+    def _call(
+        self,
+        request: pb.ModelInferRequest,
+        metadata: _CallMetadata,
+        stream_id: str | None = None,
+        deadline: float | None = None,
+    ) -> InferenceCall:
+        head = RequestHead(
             "grpc",
             request.model_name,
             request.model_version or None,
             metadata.request_id,
             metadata.trace_headers,
+            metadata.routing_key,
+            stream_id,
+            deadline,
         )
+        return self.service.call(head)
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         metadata = _CallMetadata.of(context)
-        given_id, routing_key = metadata.request_id, metadata.routing_key
-        call = self._call(request, metadata)
+        remaining = context.time_remaining()  # the client's deadline, if it set one
+        call = self._call(
+            request, metadata, None, None if remaining is None else time.monotonic() + remaining
+        )
+        given_id = metadata.request_id
         if given_id is not None:  # echoed as HTTP echoes X-Request-ID (metadata costs: only when sent)
             context.set_trailing_metadata((("x-request-id", given_id),))
         try:
             decoded = call.decode(grpc_codec.decode_infer_request, request)
-            if routing_key is not None:
-                decoded.parameters.setdefault("routing_key", routing_key)
-            await call.submit(decoded, context.time_remaining())  # a cancelled call drops the request
+            await call.submit(decoded)  # a cancelled call drops the request
             response = call.respond(grpc_codec.encode_infer_response)
         except asyncio.CancelledError:
             call.fail(RequestCancelled("the client cancelled the call before it was answered"))
@@ -444,7 +457,6 @@ class GrpcServer:
         own_stream = f"ModelStreamInfer#{next(self._streams)}"
         # one routing key and one trace context for the stream's every message; each has its own id
         metadata = replace(_CallMetadata.of(context), request_id=None)
-        routing_key = metadata.routing_key
         answers: asyncio.Queue[tuple[InferenceCall, asyncio.Future[Any] | BaseException] | str | None]
         answers = asyncio.Queue()
 
@@ -454,13 +466,9 @@ class GrpcServer:
                     if isinstance(request, _Malformed):
                         answers.put_nowait(request.text)
                         continue
-                    call = self._call(request, metadata)
+                    call = self._call(request, metadata, own_stream)
                     try:
                         decoded = call.decode(grpc_codec.decode_infer_request, request)
-                        if routing_key is not None:
-                            decoded.parameters.setdefault("routing_key", routing_key)
-                        if decoded.parameters.get("drop_stale") is True:
-                            decoded.parameters.setdefault("stream_id", own_stream)
                         answers.put_nowait((call, call.submit(decoded)))
                     except Exception as error:
                         answers.put_nowait((call, error))

@@ -1,149 +1,35 @@
-"""The HTTP adapter: Open Inference Protocol (KServe V2) REST routes over ``http_protocol``.
+"""The HTTP adapter: the Open Inference Protocol (KServe V2) REST routes over ``http_protocol``.
 
-It only converts: request bytes to core calls, core results to JSON bytes, core errors to status codes
-(``STATUS_BY_ERROR``, looked up along the error's MRO). The work happens in ``InferenceService``.
-
-Routes::
-
-    GET  /v2                                       server metadata
-    GET  /v2/health/live | /v2/health/ready        probes
-    GET  /v2/models/{m}[/versions/{v}]             model metadata
-    GET  /v2/models/{m}[/versions/{v}]/ready       model readiness
-    GET  /v2/models[/{m}[/versions/{v}]]/stats     statistics (Triton's extension)
-    GET  /v2/models/{m}[/versions/{v}]/config      model configuration (Triton's extension)
-    GET  /v2/models/{m}[/versions/{v}]/inspect     size, providers, execution-provider coverage
-    POST /v2/models/{m}[/versions/{v}]/infer       inference
-    GET  /v1/models                                every model, version and state
-    POST /v1/models/{m}[/versions/{v}]/predict     inference, same bodies as /infer
-    GET  /health                                   200 when ready, 503 otherwise
-    GET  /metrics                                  Prometheus metrics (also on the metrics port)
-    POST /v2/repository/index                      every version and its state (Triton's extension)
-    POST /v2/repository/models/{m}/load            load or reload a model (optional config override)
-    POST /v2/repository/models/{m}/unload          stop serving a model
-    GET  /v2/routes                                every weighted route (docs/rollouts.md)
-    PUT  /v2/routes/{m}                            set a route: {"variants": [{version|model, weight}]}
-    DELETE /v2/routes/{m}                          remove a route
-    GET  /v2/shadows, PUT|DELETE /v2/shadows/{m}   shadow candidates: {"version"|"model", "share"}
-    GET  /v2/canaries                              every canary's state
-    POST /v2/canaries/{m}/{action}                 start, pause, resume, promote, abort
-    GET  /v2/ui/state                              the server now, for a status page (dashboard.py)
-    GET  /ui                                       the status page (status.html, reads /v2/ui/state)
+It only converts: the route table (``http_routes.ROUTES``) names each route's handler here, which turns
+the request into a call of the data plane (``InferenceService``; inference itself in ``http_infer``) or
+the control plane (``ControlPlane``) and the result into JSON; errors become statuses
+(``http_errors``). Every request's API key is checked against its route's role before anything else.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from edgeinfer.control.parsing import parse_override
 from edgeinfer.control.plane import ControlPlane
-from edgeinfer.errors import (
-    EdgeInferError,
-    InferenceFailed,
-    InvalidInput,
-    ModelLoadError,
-    ModelNotFound,
-    ModelNotReady,
-    PayloadTooLarge,
-    PermissionDenied,
-    RequestCancelled,
-    RequestTimeout,
-    ServerBusy,
-    Superseded,
-    TooLarge,
-    Unauthenticated,
+from edgeinfer.protocol import json_codec
+from edgeinfer.server.auth import Guard
+from edgeinfer.server.http_errors import (
+    MethodNotAllowed,
+    RouteNotFound,
+    check_key,
+    response_for_error,
 )
-from edgeinfer.errors import describe as describe_error
-from edgeinfer.protocol import http_binary, json_codec, json_scan
-from edgeinfer.protocol.types import InferRequest, InferResponse
-from edgeinfer.server import http_compression
-from edgeinfer.server.auth import Guard, http_role, presented_key
-from edgeinfer.server.http_protocol import Answer, Deferred, DoneNow, HttpRequest, HttpResponse
-from edgeinfer.server.offload import OffloadThread
-from edgeinfer.service import InferenceCall, InferenceService, new_request_id
+from edgeinfer.server.http_infer import HttpInference
+from edgeinfer.server.http_protocol import Answer, HttpRequest, HttpResponse
+from edgeinfer.server.http_routes import ALIASES, METRICS_PORT, ROUTES, Match, RouteTable
+from edgeinfer.service import InferenceService
 
-log = logging.getLogger(__name__)
-
-# From this size a JSON body is decoded on a worker thread, its numbers without the GIL (json_scan.py): a
-# body this large takes the loop about as long to parse as the thread hop does several times over
-# (both are CPU work, so the ratio holds across machines), and every other request waits for it.
-OFF_LOOP_BYTES = 256 * 1024
-
-
-class MethodNotAllowed(InvalidInput):
-    """The path exists but not for this HTTP method; ``allowed`` goes in the ``Allow`` header (RFC 9110)."""
-
-    def __init__(self, method: str, allowed: str) -> None:
-        super().__init__(f"method {method} is not allowed here; use {allowed}")
-        self.allowed = allowed
-
-
-class RouteNotFound(ModelNotFound):
-    """No route matches the path."""
-
-
-STATUS_BY_ERROR: dict[type[BaseException], int] = {
-    MethodNotAllowed: 405,
-    ModelLoadError: 400,
-    PayloadTooLarge: 413,
-    TooLarge: 413,
-    InvalidInput: 400,
-    Unauthenticated: 401,
-    PermissionDenied: 403,
-    ModelNotFound: 404,
-    ModelNotReady: 503,
-    ServerBusy: 429,
-    RequestTimeout: 504,
-    RequestCancelled: 499,
-    Superseded: 409,
-    InferenceFailed: 500,
-    EdgeInferError: 500,
-}
-
-
-def status_for(error: BaseException) -> int:
-    """Look the error's class up along its MRO, so a subclass inherits its parent's status."""
-    for cls in type(error).__mro__:
-        status = STATUS_BY_ERROR.get(cls)
-        if status is not None:
-            return status
-    return 500
-
-
-def error_response(status: int, message: str) -> HttpResponse:
-    return HttpResponse(status, json_codec.dumps({"error": message}))
-
-
-def response_for_error(error: BaseException) -> HttpResponse:
-    if not isinstance(error, EdgeInferError):
-        log.error("unexpected error", exc_info=error)
-    response = error_response(status_for(error), describe_error(error))
-    if isinstance(error, ServerBusy):
-        response.headers.append((b"retry-after", str(max(1, round(error.retry_after_s))).encode()))
-        # Retry-After counts whole seconds, and a refusal for the SLO often means a few milliseconds
-        response.headers.append((b"retry-after-ms", str(error.retry_after_ms).encode()))
-    elif isinstance(error, MethodNotAllowed):
-        response.headers.append((b"allow", error.allowed.encode()))
-    elif isinstance(error, Unauthenticated):
-        response.headers.append((b"www-authenticate", b'Bearer realm="edgeinfer"'))
-    return response
-
-
-def check_key(guard: Guard, request: HttpRequest) -> None:
-    """The request's API key against the role of its path."""
-    authorization = request.headers.get(b"authorization")
-    api_key = request.headers.get(b"x-api-key")
-    presented = presented_key(
-        authorization.decode("latin-1") if authorization else None,
-        api_key.decode("latin-1") if api_key else None,
-    )
-    role = http_role(request.path)
-    if role is not None:
-        guard.check("http", request.path, role, presented)
+Handler = Callable[[HttpRequest, list[str]], Answer]
 
 
 @functools.cache
@@ -160,37 +46,60 @@ def _json(status: int, document: Any) -> HttpResponse:
     return HttpResponse(status, json_codec.dumps(document))
 
 
-def _allow(request: HttpRequest, method: str) -> None:
-    if request.method != method:
-        raise MethodNotAllowed(request.method, method)
+class _Dispatch:
+    """A route table whose handlers are methods of ``self``, API keys checked first (``guard``)."""
+
+    table: RouteTable
+    guard: Guard
+
+    def _handlers(self) -> dict[str, Handler]:
+        """Each route's handler, by name (a route naming no method here is a start-up error)."""
+        handlers: dict[str, Handler] = {}
+        for route in self.table.routes:
+            handler = getattr(self, route.handler, None)
+            if handler is None:
+                raise TypeError(f"route {route.method} {route.pattern}: no handler {route.handler!r}")
+            handlers[route.handler] = handler
+        return handlers
+
+    def _match(self, request: HttpRequest) -> Match | None:
+        """The request's route, its key checked against the route's role (a path without a route needs
+        a key with the role ``infer``: what is not there is no one's business)."""
+        match = self.table.match(request.method, request.path)
+        if self.guard.enabled:
+            check_key(self.guard, request, match.role if match is not None else "infer")
+        return match
+
+    def __call__(self, request: HttpRequest) -> Answer:
+        try:
+            match = self._match(request)
+            if match is None:
+                raise RouteNotFound(f"no route for {request.method} {request.path}")
+            route = match.route
+            if route is None:
+                raise MethodNotAllowed(request.method, match.allowed)
+            return self.handlers[route.handler](request, match.args)
+        except Exception as error:
+            return response_for_error(error)
+
+    handlers: dict[str, Handler]
 
 
-class MetricsRoutes:
+class MetricsRoutes(_Dispatch):
     """The handler of a metrics port: ``GET /metrics`` and nothing else."""
 
     def __init__(self, exposition: Callable[[], Awaitable[bytes]], guard: Guard) -> None:
         self.exposition = exposition
         self.guard = guard
+        self.table = RouteTable(METRICS_PORT)
+        self.handlers = self._handlers()
 
-    def __call__(self, request: HttpRequest) -> HttpResponse | asyncio.Future[HttpResponse]:
-        try:
-            check_key(self.guard, request)
-        except Exception as error:
-            return response_for_error(error)
-        if request.path.rstrip("/") != "/metrics":
-            return error_response(404, f"no route for {request.method} {request.path}; try GET /metrics")
-        if request.method != "GET":
-            return response_for_error(MethodNotAllowed(request.method, "GET"))
+    def metrics(self, request: HttpRequest, args: list[str]) -> Answer:
         return _when_done(self.exposition(), metrics_response)
 
 
-class V2Routes:
-    """The request handler given to ``HttpServer``.
-
-    ``max_body_bytes`` bounds decompressed bodies too; responses of at least ``compress_min_bytes`` are
-    compressed when the client sends ``Accept-Encoding: gzip`` or ``deflate``. ``guard`` checks API keys
-    before anything else; ``max_json_depth`` bounds the nesting of JSON bodies.
-    """
+class V2Routes(_Dispatch):
+    """The request handler given to ``HttpServer``; ``early`` its early handler (``http_protocol``)."""
 
     def __init__(
         self,
@@ -203,369 +112,125 @@ class V2Routes:
     ) -> None:
         self.service = service
         self.control = control
-        self.max_body_bytes = max_body_bytes
-        self.compress_min_bytes = compress_min_bytes
         self.guard = guard
-        self.max_json_depth = max_json_depth
-        self._refusal_body: tuple[ServerBusy, HttpResponse] | None = None  # the last refusal's (``_refused``)
-        self._json_thread = OffloadThread("edgeinfer-json")  # below the loop (offload.py)
-
-    def __call__(self, request: HttpRequest) -> Answer:
-        try:
-            if self.guard.enabled:
-                check_key(self.guard, request)
-            return self._route(request)
-        except Exception as error:
-            return response_for_error(error)
-
-    def _route(self, request: HttpRequest) -> Answer:
-        parts = request.path.strip("/").split("/")
-        service, control = self.service, self.control
-        head = parts[0]
-        if head == "v2":
-            second = parts[1] if len(parts) > 1 else ""
-            if second == "models" and len(parts) >= 3:  # inference: checked first
-                return self._model_route(request, parts)
-            if second == "repository" and len(parts) >= 3:
-                return self._repository(request, parts)
-            if second == "routes" and len(parts) <= 3:
-                return self._routes(request, parts)
-            if second == "shadows" and len(parts) <= 3:
-                return self._shadows(request, parts)
-            if second == "canaries":
-                return self._canaries(request, parts)
-            if parts == ["v2"]:
-                _allow(request, "GET")
-                return _json(200, service.server_metadata())
-            if parts == ["v2", "ui", "state"]:
-                _allow(request, "GET")
-                return _when_done(control.overview(), lambda state: _json(200, state))
-            if parts == ["v2", "health", "live"]:
-                _allow(request, "GET")
-                return _json(200, {"live": service.live()})
-            if parts == ["v2", "health", "ready"]:
-                _allow(request, "GET")
-                ready = service.ready()
-                return _json(200 if ready else 503, {"ready": ready})
-        elif head == "v1" and len(parts) >= 2 and parts[1] == "models":
-            if len(parts) == 2:
-                _allow(request, "GET")
-                return _when_done(control.model_index(), lambda models: _json(200, {"models": models}))
-            if len(parts) == 4 and parts[3] == "predict":
-                _allow(request, "POST")
-                return self._infer(request, parts[2], None)
-            if len(parts) == 6 and parts[3] == "versions" and parts[5] == "predict":
-                _allow(request, "POST")
-                return self._infer(request, parts[2], parts[4])
-        elif parts == ["metrics"]:
-            _allow(request, "GET")
-            return _when_done(control.metrics_exposition(), metrics_response)
-        elif parts == ["ui"]:
-            _allow(request, "GET")
-            return HttpResponse(200, status_page(), content_type=b"text/html; charset=utf-8")
-        elif parts == ["health"]:
-            _allow(request, "GET")
-            ready = service.ready()
-            return _json(200 if ready else 503, {"status": "ready" if ready else "not ready"})
-        raise RouteNotFound(f"no route for {request.method} {request.path}")
-
-    def _repository(
-        self, request: HttpRequest, parts: list[str]
-    ) -> asyncio.Future[HttpResponse] | HttpResponse:
-        _allow(request, "POST")
-        control = self.control
-        document = json_codec.loads_object(request.body, "request body") if request.body.strip() else {}
-        if parts == ["v2", "repository", "index"]:
-            ready_only = document.get("ready") is True
-            return _when_done(control.repository_index(ready_only), lambda index: _json(200, index))
-        if len(parts) == 5 and parts[2] == "models" and parts[4] in ("load", "unload"):
-            name = parts[3]
-            if parts[4] == "load":
-                parameters = document.get("parameters") or {}
-                override = parse_override(parameters.get("config") if isinstance(parameters, dict) else None)
-                work = control.load_model(name, override)
-            else:
-                work = control.unload_model(name)
-            return _when_done(work, lambda _: _json(200, {}))
-        raise RouteNotFound(f"no route for {request.method} {request.path}")
-
-    def _routes(self, request: HttpRequest, parts: list[str]) -> HttpResponse | asyncio.Future[HttpResponse]:
-        """``/v2/routes[/{m}]``: the body's ``variants``."""
-        control = self.control
-
-        def set_route(name: str, body: dict[str, Any] | None) -> Awaitable[None]:
-            return control.set_route(name, None if body is None else body.get("variants"))
-
-        return _per_model_setting(request, parts, "routes", control.routes, set_route)
-
-    def _shadows(self, request: HttpRequest, parts: list[str]) -> HttpResponse | asyncio.Future[HttpResponse]:
-        """``/v2/shadows[/{m}]``: the body is the shadow's config."""
-        control = self.control
-        return _per_model_setting(request, parts, "shadows", control.shadow_configs, control.set_shadow)
-
-    def _canaries(
-        self, request: HttpRequest, parts: list[str]
-    ) -> HttpResponse | asyncio.Future[HttpResponse]:
-        control = self.control
-        if len(parts) == 2:
-            _allow(request, "GET")
-            return _when_done(control.canary_states(), lambda states: _json(200, {"canaries": states}))
-        if len(parts) == 4:
-            _allow(request, "POST")
-            return _when_done(control.canary_action(parts[2], parts[3]), lambda state: _json(200, state))
-        raise RouteNotFound(f"no route for {request.method} {request.path}")
-
-    def _model_route(self, request: HttpRequest, parts: list[str]) -> Answer:
-        service, control = self.service, self.control
-        if parts == ["v2", "models", "stats"]:
-            _allow(request, "GET")
-            return _when_done(control.model_statistics(None, None), lambda stats: _json(200, stats))
-        name = parts[2]
-        version = None
-        rest = parts[3:]
-        if len(rest) >= 2 and rest[0] == "versions":
-            version, rest = rest[1], rest[2:]
-        action = rest[0] if len(rest) == 1 else ("" if not rest else None)
-        if action == "infer":
-            _allow(request, "POST")
-            return self._infer(request, name, version)
-        if action == "ready":
-            _allow(request, "GET")
-            ready = service.model_ready(name, version)
-            return _json(200 if ready else 503, {"name": name, "ready": ready})
-        if action == "stats":
-            _allow(request, "GET")
-            return _when_done(control.model_statistics(name, version), lambda stats: _json(200, stats))
-        if action == "config":
-            _allow(request, "GET")
-            return _json(200, service.model_config(name, version))
-        if action == "inspect":
-            _allow(request, "GET")
-            return _json(200, service.model_inspect(name, version))
-        if action == "":
-            _allow(request, "GET")
-            return _json(200, service.model_metadata(name, version))
-        raise RouteNotFound(f"no route for {request.method} {request.path}")
+        self.inference = HttpInference(service, max_body_bytes, compress_min_bytes, max_json_depth)
+        self.table = RouteTable(ROUTES + ALIASES)
+        self.handlers = self._handlers()
 
     def early(self, head: HttpRequest) -> HttpResponse | None:
         """The refusal of a request whose body is still arriving: one without the right API key, or an
-        inference request that would miss its model's SLO whatever the body says
-        (``InferenceCall.shed``); None for anything else, which is answered once it has arrived. A
-        large body takes the loop many reads to arrive on a busy server, and a refusal that waits for
-        all of them is neither immediate nor cheap (nor should a client without a key get to upload)."""
-        if self.guard.enabled:
-            try:
-                check_key(self.guard, head)
-            except EdgeInferError as error:
-                return response_for_error(error)
-        if head.method != "POST":
-            return None
-        route = _inference_route(head.path)
-        if route is None:
-            return None
-        again = self._refused_again(head, *route)
-        if again is not None:
-            return again
-        call = self._call(head, *route)
-        refusal = call.shed()
-        return None if refusal is None else self._refused(refusal, call.outcome.request_id)
-
-    def _call(self, request: HttpRequest, name: str, version: str | None) -> InferenceCall:
-        return self.service.call(
-            "http",
-            name,
-            version,
-            _given_id(request),
-            _trace_headers(request.headers) if self.service.traced else None,
-            received_at=request.received_at,
-        )
-
-    def _refused_again(self, request: HttpRequest, name: str, version: str | None) -> HttpResponse | None:
-        """The refusal of a request whose loop iteration already refused one for its model before
-        decoding, counted with that one (``InferenceService.refused_again``); None for the rest."""
-        refusal = self.service.refused_again("http", name, version)
-        if refusal is None:
-            return None
-        return self._refused(refusal, _given_id(request) or new_request_id())
-
-    def _infer(self, request: HttpRequest, name: str, version: str | None) -> Answer:
-        headers = request.headers
-        again = self._refused_again(request, name, version)
-        if again is not None:
-            return again
-        call = self._call(request, name, version)
-        refusal = call.shed()
-        if refusal is not None:
-            return self._refused(refusal, call.outcome.request_id)
-        if len(request.body) >= OFF_LOOP_BYTES and json_scan.available() and _all_json(headers):
-            call.defer()
-            return asyncio.ensure_future(self._infer_scanned(call, request))
-        done_now = DoneNow()
+        inference request that would miss its model's SLO whatever the body says; None for anything
+        else, answered once it has arrived (nor should a client without a key get to upload)."""
         try:
-            decoded = call.decode(self._decode, request)
-            outputs = call.submit(decoded, on_done=done_now)
+            match = self._match(head)
         except Exception as error:
-            call.fail(error)
-            return _with_id(response_for_error(error), call.outcome.request_id)
-        encoding = _response_encoding(headers)
-        if outputs.done():  # a fast model ran inline: answer without another loop iteration
-            return self._reply(call, decoded, encoding)
+            return response_for_error(error)
+        if match is None or match.route is None or not match.route.inference:
+            return None
+        args = match.args
+        return self.inference.early(head, args[0], args[1] if len(args) > 1 else None)
 
-        def finished(_: asyncio.Future[Any]) -> HttpResponse | None:
-            if outputs.cancelled():  # the client went away; the request was dropped or discarded
-                call.fail(RequestCancelled("the client disconnected before the response was ready"))
-                return None
-            return self._reply(call, decoded, encoding)
+    # ---- the data plane ----
 
-        return Deferred(outputs, finished, done_now)
+    def infer(self, request: HttpRequest, args: list[str]) -> Answer:
+        return self.inference.infer(request, args[0], args[1] if len(args) > 1 else None)
 
-    async def _infer_scanned(self, call: InferenceCall, request: HttpRequest) -> HttpResponse:
-        """``_infer`` for a large JSON body: decompressed and its numbers parsed on a worker thread
-        without the GIL (``json_scan``), the rest decoded here. Meanwhile the loop reads, answers and
-        refuses other requests; under overload the refusals would otherwise wait behind these decodes
-        (milliseconds each for a JSON image)."""
-        outputs: asyncio.Future[Any] | None = None
-        try:
-            try:
-                scanned = await self._json_thread.run(functools.partial(self._scan, request))
-                decoded = call.decode(functools.partial(self._decode, scanned=scanned), request)
-                outputs = call.submit(decoded)
-            except Exception as error:
-                call.fail(error)
-                return _with_id(response_for_error(error), call.outcome.request_id)
-            await asyncio.wait((outputs,))  # its error, if any, is the model's answer (``_reply``)
-            if outputs.cancelled():
-                raise asyncio.CancelledError
-        except asyncio.CancelledError:  # the client went away: a queued request is dropped
-            if outputs is not None:
-                outputs.cancel()
-            call.fail(RequestCancelled("the client disconnected before the response was ready"))
-            raise
-        return self._reply(call, decoded, _response_encoding(request.headers))
+    def server_metadata(self, request: HttpRequest, args: list[str]) -> Answer:
+        return _json(200, self.service.server_metadata())
 
-    def _scan(self, request: HttpRequest) -> tuple[bytes, json_scan.NumericArrays | None]:
-        """On the JSON thread: the body, decompressed, and its long numeric arrays (neither holds the GIL
-        for long: zlib releases it too)."""
-        body = self._body(request)
-        return body, json_scan.float32_arrays(body)
+    def live(self, request: HttpRequest, args: list[str]) -> Answer:
+        return _json(200, {"live": self.service.live()})
 
-    def _refused(self, refusal: ServerBusy, request_id: str) -> HttpResponse:
-        """The answer to a request refused before it was read. Under overload most requests get one,
-        and the refusals of one loop iteration share one error (``Batcher.refuse_unread``), so its
-        body is encoded once for all of them."""
-        body = self._refusal_body
-        if body is None or body[0] is not refusal:
-            body = self._refusal_body = (refusal, response_for_error(refusal))
-        shared = body[1]
-        return _with_id(HttpResponse(shared.status, shared.body, list(shared.headers)), request_id)
+    def ready(self, request: HttpRequest, args: list[str]) -> Answer:
+        ready = self.service.ready()
+        return _json(200 if ready else 503, {"ready": ready})
 
-    def _decode(
-        self, request: HttpRequest, scanned: tuple[bytes, json_scan.NumericArrays | None] | None = None
-    ) -> InferRequest:
-        """``scanned``: the body already decompressed and its numbers parsed (``_infer_scanned``)."""
-        headers = request.headers  # most requests have neither header: no call to look for them
-        if scanned is not None:
-            decoded = json_codec.decode_request(scanned[0], self.max_json_depth, scanned[1])
-        else:
-            body = self._body(request) if b"content-encoding" in headers else request.body
-            length = _header_length(request) if b"inference-header-content-length" in headers else None
-            decoded = http_binary.decode_request(body, length, self.max_json_depth)
-        request.body = b""  # a queued request holds only its tensors, not the body too
-        routing_key = request.headers.get(b"x-routing-key")
-        if routing_key is not None:  # a route keeps one key on one variant (the body's wins)
-            decoded.parameters.setdefault("routing_key", routing_key.decode("latin-1"))
-        return decoded
+    def health(self, request: HttpRequest, args: list[str]) -> Answer:
+        ready = self.service.ready()
+        return _json(200 if ready else 503, {"status": "ready" if ready else "not ready"})
 
-    def _body(self, request: HttpRequest) -> bytes:
-        encoding = request.headers.get(b"content-encoding")
-        if encoding is None:
-            return request.body
-        return http_compression.decompress(request.body, encoding, self.max_body_bytes)
+    def model_metadata(self, request: HttpRequest, args: list[str]) -> Answer:
+        return _json(200, self.service.model_metadata(*_model(args)))
 
-    def _reply(self, call: InferenceCall, decoded: InferRequest, encoding: bytes | None) -> HttpResponse:
-        """The HTTP response of a finished inference (the model's error, or the encoded outputs)."""
+    def model_ready(self, request: HttpRequest, args: list[str]) -> Answer:
+        name, version = _model(args)
+        ready = self.service.model_ready(name, version)
+        return _json(200 if ready else 503, {"name": name, "ready": ready})
 
-        def encode(response: InferResponse) -> tuple[bytes, int | None]:
-            return http_binary.encode_response(
-                response, http_binary.binary_outputs(response, decoded.parameters)
-            )
+    def model_config(self, request: HttpRequest, args: list[str]) -> Answer:
+        return _json(200, self.service.model_config(*_model(args)))
 
-        try:
-            body, header_length = call.respond(encode)
-        except Exception as error:
-            return _with_id(response_for_error(error), call.outcome.request_id)
-        reply = HttpResponse(200, body)
-        if header_length is not None:
-            reply.content_type = b"application/octet-stream"
-            reply.headers.append((b"inference-header-content-length", str(header_length).encode()))
-        if encoding is not None and len(body) >= self.compress_min_bytes:
-            reply.body = http_compression.compress(body, encoding)
-            reply.headers.append((b"content-encoding", encoding))
-        return _with_id(reply, call.outcome.request_id)
+    def model_inspect(self, request: HttpRequest, args: list[str]) -> Answer:
+        return _json(200, self.service.model_inspect(*_model(args)))
 
+    def status_page(self, request: HttpRequest, args: list[str]) -> Answer:
+        return HttpResponse(200, status_page(), content_type=b"text/html; charset=utf-8")
 
-def _per_model_setting(
-    request: HttpRequest,
-    parts: list[str],
-    key: str,
-    listing: Callable[[], dict[str, Any]],
-    setter: Callable[[str, Any], Awaitable[None]],
-) -> HttpResponse | asyncio.Future[HttpResponse]:
-    """``GET /v2/<key>`` lists; ``PUT /v2/<key>/{m}`` sets from the JSON body; ``DELETE`` removes."""
-    if len(parts) == 2:
-        _allow(request, "GET")
-        return _json(200, {key: listing()})
-    if request.method == "DELETE":
-        return _when_done(setter(parts[2], None), lambda _: _json(200, {}))
-    if request.method not in ("PUT", "POST"):
-        raise MethodNotAllowed(request.method, "PUT, DELETE")
-    document = json_codec.loads_object(request.body, "request body")
-    return _when_done(setter(parts[2], document), lambda _: _json(200, {key: listing()}))
+    # ---- the control plane ----
+
+    def statistics(self, request: HttpRequest, args: list[str]) -> Answer:
+        name, version = _model(args) if args else (None, None)
+        return _when_done(self.control.model_statistics(name, version), lambda stats: _json(200, stats))
+
+    def model_index(self, request: HttpRequest, args: list[str]) -> Answer:
+        return _when_done(self.control.model_index(), lambda models: _json(200, {"models": models}))
+
+    def metrics(self, request: HttpRequest, args: list[str]) -> Answer:
+        return _when_done(self.control.metrics_exposition(), metrics_response)
+
+    def overview(self, request: HttpRequest, args: list[str]) -> Answer:
+        return _when_done(self.control.overview(), lambda state: _json(200, state))
+
+    def repository_index(self, request: HttpRequest, args: list[str]) -> Answer:
+        ready_only = _optional_body(request).get("ready") is True
+        return _when_done(self.control.repository_index(ready_only), lambda index: _json(200, index))
+
+    def load(self, request: HttpRequest, args: list[str]) -> Answer:
+        parameters = _optional_body(request).get("parameters") or {}
+        override = parse_override(parameters.get("config") if isinstance(parameters, dict) else None)
+        return _when_done(self.control.load_model(args[0], override), lambda _: _json(200, {}))
+
+    def unload(self, request: HttpRequest, args: list[str]) -> Answer:
+        _optional_body(request)  # a body, if any, must be JSON
+        return _when_done(self.control.unload_model(args[0]), lambda _: _json(200, {}))
+
+    def routes(self, request: HttpRequest, args: list[str]) -> Answer:
+        return _json(200, {"routes": self.control.routes()})
+
+    def set_route(self, request: HttpRequest, args: list[str]) -> Answer:
+        variants = json_codec.loads_object(request.body, "request body").get("variants")
+        work = self.control.set_route(args[0], variants)
+        return _when_done(work, lambda _: _json(200, {"routes": self.control.routes()}))
+
+    def remove_route(self, request: HttpRequest, args: list[str]) -> Answer:
+        return _when_done(self.control.set_route(args[0], None), lambda _: _json(200, {}))
+
+    def shadows(self, request: HttpRequest, args: list[str]) -> Answer:
+        return _json(200, {"shadows": self.control.shadow_configs()})
+
+    def set_shadow(self, request: HttpRequest, args: list[str]) -> Answer:
+        config = json_codec.loads_object(request.body, "request body")
+        work = self.control.set_shadow(args[0], config)
+        return _when_done(work, lambda _: _json(200, {"shadows": self.control.shadow_configs()}))
+
+    def remove_shadow(self, request: HttpRequest, args: list[str]) -> Answer:
+        return _when_done(self.control.set_shadow(args[0], None), lambda _: _json(200, {}))
+
+    def canaries(self, request: HttpRequest, args: list[str]) -> Answer:
+        return _when_done(self.control.canary_states(), lambda states: _json(200, {"canaries": states}))
+
+    def canary(self, request: HttpRequest, args: list[str]) -> Answer:
+        return _when_done(self.control.canary_action(args[0], args[1]), lambda state: _json(200, state))
 
 
-def _response_encoding(headers: dict[bytes, bytes]) -> bytes | None:
-    """The compression the client accepts for the response (most name none: then nothing to parse)."""
-    accepted = headers.get(b"accept-encoding")
-    return http_compression.choose_encoding(accepted) if accepted else None
+def _model(args: list[str]) -> tuple[str, str | None]:
+    """The model and version of a model route's ``{model}[/versions/{version}]``."""
+    return args[0], args[1] if len(args) > 1 else None
 
 
-def _all_json(headers: dict[bytes, bytes]) -> bool:
-    """Whether a request's body is JSON throughout (not Triton's binary tensors after a JSON header)."""
-    return b"inference-header-content-length" not in headers
-
-
-def _inference_route(path: str) -> tuple[str, str | None] | None:
-    """(model, version) of an inference path (``/v2/models/{m}[/versions/{v}]/infer``, ``/v1/models/
-    {m}[/versions/{v}]/predict``), else None."""
-    parts = path.strip("/").split("/")
-    if len(parts) == 4 and (parts[0], parts[1], parts[3]) in _INFERENCE:
-        return parts[2], None
-    if len(parts) == 6 and parts[3] == "versions" and (parts[0], parts[1], parts[5]) in _INFERENCE:
-        return parts[2], parts[4]
-    return None
-
-
-_INFERENCE = {("v2", "models", "infer"), ("v1", "models", "predict")}
-
-
-def _trace_headers(headers: dict[bytes, bytes]) -> tuple[str, str | None] | None:
-    """The W3C trace context a client sent (``traceparent``, ``tracestate``), for tracing."""
-    parent = headers.get(b"traceparent")
-    if parent is None:
-        return None
-    state = headers.get(b"tracestate")
-    return parent.decode("latin-1"), state.decode("latin-1") if state is not None else None
-
-
-def _given_id(request: HttpRequest) -> str | None:
-    """The client's request id (``x-request-id``), if it sent one."""
-    given = request.headers.get(b"x-request-id")
-    return given.decode("latin-1") if given else None
-
-
-def _with_id(reply: HttpResponse, request_id: str) -> HttpResponse:
-    reply.headers.append((b"x-request-id", request_id.encode("latin-1", "replace")))
-    return reply
+def _optional_body(request: HttpRequest) -> dict[str, Any]:
+    """A repository request's JSON body; none is an empty one."""
+    return json_codec.loads_object(request.body, "request body") if request.body.strip() else {}
 
 
 def _when_done(work: Awaitable[Any], answer: Callable[[Any], HttpResponse]) -> asyncio.Future[HttpResponse]:
@@ -584,14 +249,3 @@ def _when_done(work: Awaitable[Any], answer: Callable[[Any], HttpResponse]) -> a
 
     task.add_done_callback(finished)
     return reply
-
-
-def _header_length(request: HttpRequest) -> int | None:
-    value = request.headers.get(b"inference-header-content-length")
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        shown = value.decode(errors="replace")
-        raise InvalidInput(f"Inference-Header-Content-Length {shown!r} is not a number") from None

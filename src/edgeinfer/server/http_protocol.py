@@ -60,7 +60,7 @@ class HttpRequest:
     """One request as read (a plain class, not a dataclass, like every object made per request:
     ``setup.py``)."""
 
-    __slots__ = ("body", "headers", "keep_alive", "method", "path", "query", "received_at")
+    __slots__ = ("body", "context", "headers", "keep_alive", "method", "path", "query", "received_at")
 
     def __init__(
         self,
@@ -79,6 +79,9 @@ class HttpRequest:
         self.body = body
         self.keep_alive = keep_alive
         self.received_at = received_at
+        # what the early handler made of the request while its body arrived (None: not asked), for the
+        # handler to go on from (the same object reaches it, its body read)
+        self.context: object = None
 
 
 class HttpResponse:
@@ -260,6 +263,7 @@ class HttpConnection(asyncio.Protocol):
         self._body_size = 0
         self._asked_early = False  # the early handler was asked about the request being read
         self._dropping = False  # it was answered early: the rest of its body is dropped
+        self._early_head: HttpRequest | None = None  # asked about early and let through: reused whole
         self._queue: deque[HttpRequest] = deque()
         self._inflight: asyncio.Future[Any] | None = None
         self._inflight_request: HttpRequest | None = None
@@ -325,6 +329,7 @@ class HttpConnection(asyncio.Protocol):
         self._body = []
         self._body_size = 0
         self._asked_early = self._dropping = False
+        self._early_head = None
         self._began = self.last_active  # (set as these bytes arrived: data_received)
         self._reading, self._reading_since = "headers", self._began
 
@@ -367,17 +372,22 @@ class HttpConnection(asyncio.Protocol):
         if self._dropping:  # answered early
             self._dropping = False
             return
-        path, query = _split_url(self._url)
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        request = HttpRequest(
-            method=self._parser.get_method().decode("ascii", "replace"),
-            path=path,
-            query=query,
-            headers=self._headers,
-            body=body,
-            keep_alive=self._parser.should_keep_alive(),
-            received_at=self._began,
-        )
+        request = self._early_head
+        if request is not None:  # asked about early and let through: the same request, now whole
+            self._early_head = None
+            request.body = body
+        else:
+            path, query = _split_url(self._url)
+            request = HttpRequest(
+                method=self._parser.get_method().decode("ascii", "replace"),
+                path=path,
+                query=query,
+                headers=self._headers,
+                body=body,
+                keep_alive=self._parser.should_keep_alive(),
+                received_at=self._began,
+            )
         self._body = []
         if self._inflight is not None or self._queue:
             self._queue.append(request)
@@ -413,6 +423,7 @@ class HttpConnection(asyncio.Protocol):
             log.exception("unhandled error answering %s early", _describe(head))
             return False
         if response is None:
+            self._early_head = head
             return False
         self._dropping = True
         self._body = []

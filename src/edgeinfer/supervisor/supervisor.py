@@ -48,7 +48,8 @@ from edgeinfer.errors import ConfigError, ModelLoadError, startup_failure
 from edgeinfer.logs import tag_worker
 from edgeinfer.metrics import Metrics
 from edgeinfer.repository.poller import RepositoryPoller
-from edgeinfer.server.http import MetricsRoutes, error_response
+from edgeinfer.server.http import MetricsRoutes
+from edgeinfer.server.http_errors import error_response
 from edgeinfer.server.http_protocol import HttpRequest, HttpResponse, HttpServer
 from edgeinfer.server.security import Security
 from edgeinfer.supervisor.cluster import ClusterScope, Worker
