@@ -3,30 +3,15 @@ request path, or no Python headers) the build goes on without them and the same 
 Everything else is in pyproject.toml.
 
 * protocol/_jsonscan.c parses the numbers of large JSON bodies without the GIL (protocol/json_scan.py);
-  without it, JSON bodies are decoded on the event loop as before.
-* The request path (``COMPILED``), compiled from its own type-annotated Python by mypyc. At concurrency
+  without it, JSON bodies are decoded on the event loop as before (docs/design/json-scan.md).
+* The request path (``COMPILED``), compiled from its own type-annotated Python by mypyc: at concurrency
   1 the server's CPU time is a request's latency, and most of it is the interpreter running our code
-  between the C parts (httptools, orjson, numpy, ONNX Runtime): compiled, `tiny`'s request took about a
-  third less of it (README, Development). ``EDGEINFER_COMPILE=0`` builds without it (to profile or debug
-  the Python).
-
-  What the request path makes per request or per batch (``Outcome``, ``HttpRequest``, ``HttpResponse``,
-  ``Work``, ``Pending``, ``BatchTimes``, ...) is a plain class with ``__slots__`` and its own
-  ``__init__``, not a dataclass: mypyc keeps the ``__init__`` a dataclass generates, which runs
-  interpreted (py-spy, `tiny` over HTTP on a slow VM: 6 % of the event loop's samples). Written out,
-  compiled, the same in-process requests (client and server together, ``valgrind --tool=callgrind``,
-  300 requests, five runs each) took 142.7-144.5 million instructions instead of 155.6-158.2: 8 % less.
-  So are ``InferRequest`` and ``InferResponse`` (protocol/types.py): as dataclasses, making them took
-  4,100 and about 5,400 of the instructions of a `tiny` request over JSON, compiled 224 and 240
-  (callgrind, in-process requests through the HTTP protocol). Configuration and policy objects made
-  once (``HttpLimits``, ``BatchPolicy``, ``TensorSpec``) stay dataclasses.
-
-  The records every request and batch leave (``metrics.py``'s counters and histograms, ``batching/
-  stats.py``'s statistics) are compiled too. They took 1.44 us per request and 1.22-1.28 us per batch
-  as Python, and 0.72-0.75 us and 0.34 us compiled. That was measured with ``timeit`` through
-  ``BatchRecorder``, two rounds alternating. It is about 1 % of what `tiny` costs the loop per request
-  near saturation. ``server/idle_poll.py`` is not: its tests subclass ``IdlePoll`` to count its turns,
-  and an interpreted class cannot subclass a compiled one.
+  between the C parts (httptools, orjson, numpy, ONNX Runtime). ``EDGEINFER_COMPILE=0`` builds without
+  it (to profile or debug the Python). What the request path makes per request or per batch is a plain
+  class with ``__slots__`` and its own ``__init__``, not a dataclass, whose generated ``__init__`` mypyc
+  leaves interpreted; configuration and policy objects made once stay dataclasses.
+  ``server/idle_poll.py`` is not compiled: its tests subclass ``IdlePoll``, and an interpreted class
+  cannot subclass a compiled one. The measurements: docs/design/mypyc.md.
 """
 
 from __future__ import annotations
@@ -57,6 +42,8 @@ COMPILED = [
     "edgeinfer/protocol/datatypes.py",
     "edgeinfer/protocol/http_binary.py",
     "edgeinfer/protocol/json_codec.py",
+    "edgeinfer/protocol/json_depth.py",
+    "edgeinfer/protocol/json_tensors.py",
     "edgeinfer/protocol/types.py",
     "edgeinfer/repository/router.py",
     "edgeinfer/runners/arrays.py",
@@ -67,6 +54,7 @@ COMPILED = [
     "edgeinfer/server/http.py",
     "edgeinfer/server/http_errors.py",
     "edgeinfer/server/http_infer.py",
+    "edgeinfer/server/http_messages.py",
     "edgeinfer/server/http_protocol.py",
     "edgeinfer/server/http_routes.py",
     "edgeinfer/service.py",

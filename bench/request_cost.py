@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.app import Server
-from edgeinfer.config import load_config
+from edgeinfer.config_file import load_config
 from edgeinfer.server.http_protocol import HttpConnection
 
 HERE = Path(__file__).resolve().parent

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.models import tiny
 from edgeinfer.admission.lag import LoopLag
 from edgeinfer.backends import LoadContext
-from edgeinfer.config import ModelConfig, RouteVariant
 from edgeinfer.metrics import Metrics
+from edgeinfer.model_config import ModelConfig, RouteVariant
 from edgeinfer.repository.registry import Registry
 from edgeinfer.repository.router import Router
 from edgeinfer.repository.sources import ModelSource

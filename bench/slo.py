@@ -153,7 +153,7 @@ def model_config(path: Path, max_batch: int, wait_ms: float | None, slo_ms: floa
         "max_queue_size": 1024,
     }
     if wait_ms is not None:
-        config["batch_timeout_millis"] = wait_ms
+        config["batch_timeout_ms"] = wait_ms
     if slo_ms is not None:
         config["slo"] = {"p99_ms": slo_ms}
     return config

@@ -50,7 +50,7 @@ def special_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "config.yaml").write_text(
         """
 models:
-  matmul: {model_path: matmul.onnx, max_batch_size: 16, batch_timeout_millis: 2}
+  matmul: {model_path: matmul.onnx, max_batch_size: 16, batch_timeout_ms: 2}
   slow:  # queue limits: requests queue behind the running batch, none is formed ahead of a free slot
     model_path: slow.onnx
     backend_config: {intra_op_num_threads: 1}
@@ -61,7 +61,7 @@ models:
     model_path: slow.onnx
     backend_config: {intra_op_num_threads: 1}
     max_batch_size: 8
-    batch_timeout_millis: 0
+    batch_timeout_ms: 0
   slow_unbatched:  # the queue's own behaviour: nothing is formed ahead of a free slot
     model_path: slow.onnx
     backend_config: {intra_op_num_threads: 1}

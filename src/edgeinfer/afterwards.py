@@ -2,20 +2,18 @@
 
 What a request leaves behind to be counted (Prometheus histograms, Triton's statistics, the access
 log, the router's latency window, the cost model's new point) is no part of its answer, yet done in
-line it comes before the write, on the one thread that writes. `tiny` over JSON at concurrency 1 waited
-about 10 us per request for it (p50 141-149 us with it in line, 131-137 us after the write, four rounds
-alternating; the bare FastAPI endpoint took 228-246 us; docs/batching.md). So whoever keeps such
-records queues them here, and they are made together once the callbacks of this loop iteration have
-run: after the writes, and while the client reads its answer and sends its next request.
+line it comes before the write, on the one thread that writes: at concurrency 1 that is latency
+(docs/design/batching-experiments.md, "Records after the answers"). So whoever keeps such records
+queues them here, and they are made together once the callbacks of this loop iteration have run: after
+the writes, and while the client reads its answer and sends its next request.
 
 A client that gets its answer and then asks for the metrics or the statistics must find its request
 in them, and the loop may read that question before the queued calls run: an answer written from a
 callback (a batch that ran in a worker thread) leaves its records for the next iteration, after the
 loop has polled its sockets again. So whoever reads the records first makes every queued call
-(``flush``). A log file read
-directly can lag its answer: the access log line is written just after it (over gRPC, whose answers
-leave from grpcio's own threads, a test once read the file before the line was there). Without a
-running loop (a synchronous caller, a unit test) the call is made at once.
+(``flush``). A log file read directly can lag its answer: the access log line is written just after it
+(over gRPC, whose answers leave from grpcio's own threads, the answer may come before the line is in
+the file). Without a running loop (a synchronous caller, a unit test) the call is made at once.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 from edgeinfer.admission.lag import LoopLag
 from edgeinfer.backends import LoadContext
 from edgeinfer.canary import held_versions
-from edgeinfer.config import Config, ModelConfig, ServerConfig, TracingConfig, parse
+from edgeinfer.config import Config, ServerConfig, TracingConfig
+from edgeinfer.config_file import parse
 from edgeinfer.control.local import LocalScope
 from edgeinfer.control.plane import ControlPlane
 from edgeinfer.control.scope import Scope
@@ -40,6 +41,7 @@ from edgeinfer.errors import ConfigError
 from edgeinfer.extras import missing
 from edgeinfer.logs import AccessLog, setup_logging
 from edgeinfer.metrics import Metrics
+from edgeinfer.model_config import ModelConfig
 from edgeinfer.repository.poller import RepositoryPoller
 from edgeinfer.repository.registry import Registry
 from edgeinfer.repository.remote import S3Mirror, is_remote

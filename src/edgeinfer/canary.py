@@ -40,9 +40,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.config import CanaryConfig
 from edgeinfer.errors import InvalidInput, ModelNotFound
 from edgeinfer.metrics import LATENCY_BUCKETS_S, Snapshot
+from edgeinfer.model_config import CanaryConfig
 from edgeinfer.repository.registry import version_key
 
 log = logging.getLogger(__name__)

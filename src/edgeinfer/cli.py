@@ -214,7 +214,7 @@ def _report_compiled() -> None:
 def serve(args: argparse.Namespace) -> int:
     # Imported here so that `edgeinfer --version` and `--help` answer without loading the server.
     from edgeinfer.app import Server
-    from edgeinfer.config import load_config
+    from edgeinfer.config_file import load_config
     from edgeinfer.errors import ConfigError, ModelLoadError, startup_failure
     from edgeinfer.logs import setup_logging
 

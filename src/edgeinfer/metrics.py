@@ -66,7 +66,7 @@ from edgeinfer.errors import (
 )
 
 PREFIX = "edgeinfer_"
-# 50 us to 10 s: a tiny model answers in well under a millisecond, a big one in seconds.
+# 50 us to 10 s: a small model answers in well under a millisecond, a big one in seconds.
 LATENCY_BUCKETS_S = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0,

@@ -31,9 +31,19 @@ import typing
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, Union
 
+from edgeinfer.schema_convert import (
+    _SIMPLE,
+    Convert,
+    Invalid,
+    _dict,
+    _literal,
+    _none,
+    _tuple,
+    _union,
+)
+
 _MISSING: Any = object()
 SettingsT = TypeVar("SettingsT", bound="Settings")
-Convert = Callable[[Any], Any]
 
 
 class FieldInfo:
@@ -103,20 +113,6 @@ class ValidationError(ValueError):
 
     def errors(self) -> list[dict[str, Any]]:
         return self._errors
-
-
-class _Invalid(Exception):
-    """Problems found below some location; each ``loc`` is relative to where it was raised."""
-
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
-        self.errors = errors
-
-    @classmethod
-    def one(cls, kind: str, message: str, value: Any) -> _Invalid:
-        return cls([{"loc": (), "type": kind, "msg": message, "input": value}])
-
-    def under(self, *loc: Any) -> list[dict[str, Any]]:
-        return [{**error, "loc": (*loc, *error["loc"])} for error in self.errors]
 
 
 def field_validator(*names: str, mode: Literal["before", "after"] = "after") -> Callable[[Any], Any]:
@@ -197,7 +193,7 @@ class Settings:
     def model_validate(cls: type[SettingsT], data: Any) -> SettingsT:
         try:
             return cls._validate(data)
-        except _Invalid as invalid:
+        except Invalid as invalid:
             raise ValidationError(cls.__name__, invalid.errors) from None
 
     @classmethod
@@ -210,7 +206,7 @@ class Settings:
         for before in plan.before:
             data = _run_validator(before, data)
         if not isinstance(data, dict):
-            raise _Invalid.one(
+            raise Invalid.one(
                 "model_type", f"Input should be a valid dictionary or instance of {cls.__name__}", data
             )
         errors: list[dict[str, Any]] = []
@@ -232,7 +228,7 @@ class Settings:
                 for after in plan.field_after.get(name, ()):
                     value = _run_validator(after, value)
                 values[name] = value
-            except _Invalid as invalid:
+            except Invalid as invalid:
                 errors += invalid.under(key)
         errors += [
             {
@@ -245,7 +241,7 @@ class Settings:
             if key not in plan.keys
         ]
         if errors:
-            raise _Invalid(errors)
+            raise Invalid(errors)
         built = cls._build(values, given)
         for after in plan.after:
             built = _run_validator(after, built)
@@ -309,8 +305,8 @@ def _run_validator(validator: Callable[[Any], Any], value: Any) -> Any:
         return validator(value)
     except ValueError as exc:
         if isinstance(exc, ValidationError):
-            raise _Invalid(exc.errors()) from None
-        raise _Invalid.one("value_error", f"Value error, {exc}", value) from None
+            raise Invalid(exc.errors()) from None
+        raise Invalid.one("value_error", f"Value error, {exc}", value) from None
 
 
 # ---- converters: one per annotation, pydantic's lax mode ----
@@ -330,156 +326,12 @@ def _converter(annotation: Any) -> Convert:
     if origin is Literal:
         return _literal(arguments)
     if origin is Union or origin is types.UnionType:
-        return _union(arguments)
+        return _union(arguments, _converter)
     if origin is tuple and len(arguments) == 2 and arguments[1] is Ellipsis:
         return _tuple(_converter(arguments[0]))
     if origin is dict:
         return _dict(_converter(arguments[0]), _converter(arguments[1]))
     raise TypeError(f"settings fields of type {annotation!r} are not supported")
-
-
-def _none(value: Any) -> None:
-    if value is not None:
-        raise _Invalid.one("none_required", "Input should be None", value)
-
-
-def _str(value: Any) -> str:
-    if not isinstance(value, str):
-        raise _Invalid.one("string_type", "Input should be a valid string", value)
-    return value
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        if value.is_integer():
-            return int(value)
-        message = "Input should be a valid integer, got a number with a fractional part"
-        raise _Invalid.one("int_from_float", message, value)
-    if isinstance(value, str):
-        return _from_text(value, int, "int_parsing", "an integer")
-    raise _Invalid.one("int_type", "Input should be a valid integer", value)
-
-
-def _float(value: Any) -> float:
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        return _from_text(value, float, "float_parsing", "a number")
-    raise _Invalid.one("float_type", "Input should be a valid number", value)
-
-
-def _from_text(value: str, parse: Callable[[str], Any], kind: str, what: str) -> Any:
-    """A number written as text (YAML quotes, CLI overrides); ``what``: "an integer", "a number"."""
-    try:
-        return parse(value.strip())
-    except ValueError:
-        message = f"Input should be a valid {what.split()[1]}, unable to parse string as {what}"
-        raise _Invalid.one(kind, message, value) from None
-
-
-_TRUE = {"true", "yes", "on", "1", "t", "y"}
-_FALSE = {"false", "no", "off", "0", "f", "n"}
-
-
-def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    if isinstance(value, (int, str)):
-        message = "Input should be a valid boolean, unable to interpret input"
-        raise _Invalid.one("bool_parsing", message, value)
-    raise _Invalid.one("bool_type", "Input should be a valid boolean", value)
-
-
-_SIMPLE: dict[Any, Convert] = {str: _str, int: _int, float: _float, bool: _bool}
-
-
-def _literal(choices: tuple[Any, ...]) -> Convert:
-    shown = [repr(choice) for choice in choices]
-    listed = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
-
-    def literal(value: Any) -> Any:
-        for choice in choices:
-            if value == choice and type(value) is type(choice):
-                return choice
-        raise _Invalid.one("literal_error", f"Input should be {listed}", value)
-
-    return literal
-
-
-def _member_name(annotation: Any) -> str:
-    if typing.get_origin(annotation) is Literal:
-        return f"literal[{','.join(repr(choice) for choice in typing.get_args(annotation))}]"
-    return getattr(annotation, "__name__", str(annotation))
-
-
-def _union(members: tuple[Any, ...]) -> Convert:
-    nullable = type(None) in members
-    rest = [member for member in members if member is not type(None)]
-    if len(rest) == 1:  # ``X | None``: X's errors, at the field itself
-        inner = _converter(rest[0])
-        return lambda value: None if value is None else inner(value)
-    converters = [(member, _member_name(member), _converter(member)) for member in rest]
-
-    def union(value: Any) -> Any:
-        if value is None and nullable:
-            return None
-        for member, _, convert in converters:  # an exact type first (True stays a bool, 1 an int)
-            if type(value) is member:
-                return convert(value)
-        errors: list[dict[str, Any]] = []
-        for _, name, convert in converters:
-            try:
-                return convert(value)
-            except _Invalid as invalid:  # noqa: PERF203 (config is validated once, errors are all wanted)
-                errors += invalid.under(name)
-        raise _Invalid(errors)
-
-    return union
-
-
-def _tuple(item: Convert) -> Convert:
-    def convert(value: Any) -> tuple[Any, ...]:
-        if not isinstance(value, (list, tuple)):
-            raise _Invalid.one("tuple_type", "Input should be a valid tuple", value)
-        items, errors = [], []
-        for index, element in enumerate(value):
-            try:
-                items.append(item(element))
-            except _Invalid as invalid:  # noqa: PERF203 (as above)
-                errors += invalid.under(index)
-        if errors:
-            raise _Invalid(errors)
-        return tuple(items)
-
-    return convert
-
-
-def _dict(key: Convert, item: Convert) -> Convert:
-    def convert(value: Any) -> dict[Any, Any]:
-        if not isinstance(value, dict):
-            raise _Invalid.one("dict_type", "Input should be a valid dictionary", value)
-        result, errors = {}, []
-        for name, element in value.items():
-            try:
-                converted_key = key(name)
-            except _Invalid as invalid:
-                errors += invalid.under(name, "[key]")
-                continue
-            try:
-                result[converted_key] = item(element)
-            except _Invalid as invalid:
-                errors += invalid.under(name)
-        if errors:
-            raise _Invalid(errors)
-        return result
-
-    return convert
 
 
 def _with_constraints(convert: Convert, info: FieldInfo) -> Convert:
@@ -511,7 +363,7 @@ def _with_constraints(convert: Convert, info: FieldInfo) -> Convert:
 def _bound(limit: float, holds: Callable[[Any, float], bool], kind: str, words: str) -> Callable[[Any], None]:
     def check(value: Any) -> None:
         if isinstance(value, (int, float)) and not holds(value, limit):
-            raise _Invalid.one(kind, f"Input should be {words} {limit}", value)
+            raise Invalid.one(kind, f"Input should be {words} {limit}", value)
 
     return check
 
@@ -520,7 +372,7 @@ def _min_length(least: int) -> Callable[[Any], None]:
     def check(value: Any) -> None:
         if isinstance(value, str) and len(value) < least:
             unit = "character" if least == 1 else "characters"
-            raise _Invalid.one("string_too_short", f"String should have at least {least} {unit}", value)
+            raise Invalid.one("string_too_short", f"String should have at least {least} {unit}", value)
 
     return check
 
@@ -530,6 +382,6 @@ def _pattern(pattern: str) -> Callable[[Any], None]:
 
     def check(value: Any) -> None:
         if isinstance(value, str) and not compiled.search(value):
-            raise _Invalid.one("string_pattern_mismatch", f"String should match pattern '{pattern}'", value)
+            raise Invalid.one("string_pattern_mismatch", f"String should match pattern '{pattern}'", value)
 
     return check

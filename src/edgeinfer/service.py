@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from edgeinfer import SERVER_NAME, __version__
 from edgeinfer.afterwards import Afterwards
 from edgeinfer.dashboard import ErrorEntry
 from edgeinfer.errors import (
@@ -35,9 +34,10 @@ from edgeinfer.errors import describe as describe_error
 from edgeinfer.head import RequestHead
 from edgeinfer.logs import AccessLog
 from edgeinfer.metrics import UNKNOWN_MODEL, Metrics, status_label
+from edgeinfer.model_info import ModelInfo
 from edgeinfer.outcome import Outcome
-from edgeinfer.protocol.types import InferRequest, InferResponse, TensorSpec
-from edgeinfer.repository.registry import ModelState, ModelVersion, Registry, Serving
+from edgeinfer.protocol.types import InferRequest, InferResponse
+from edgeinfer.repository.registry import ModelState, ModelVersion, Registry
 from edgeinfer.repository.residency import Residency
 from edgeinfer.repository.router import Router
 from edgeinfer.runners import Tensors, Work
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
     from edgeinfer.batching.batcher import Batcher
     from edgeinfer.tracing import Tracing
 
-EXTENSIONS: tuple[str, ...] = ("binary_tensor_data", "statistics", "model_configuration", "model_repository")
 T = TypeVar("T")
 A = TypeVar("A")
 
@@ -67,8 +66,8 @@ _request_numbers = itertools.count(1)
 
 def new_request_id() -> str:
     """Unique within this run of the server: a random prefix and a counter (no syscall per request).
-    The counter is written in decimal: compiled, ``f"{n:x}"`` goes through ``str.format`` and took
-    982 ns a call on the 2-core VM, ``f"{n}"`` 166 ns (mypyc, ``timeit``)."""
+    The counter is written in decimal: compiled, ``f"{n:x}"`` goes through ``str.format``, several times
+    slower (docs/design/mypyc.md)."""
     return f"{_REQUEST_PREFIX}-{next(_request_numbers)}"
 
 
@@ -106,6 +105,7 @@ class InferenceService:
         self.metrics = metrics
         self.access_log = access_log
         self.limits = limits or RequestLimits()
+        self.models = ModelInfo(registry, router)  # what clients may ask about the models
         self._recent_errors = errors
         self._ready = False
         self._tracing = tracing
@@ -130,90 +130,6 @@ class InferenceService:
         readiness); that would take a healthy server out of a load balancer.
         """
         return self._ready
-
-    def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
-
-    def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
-        entry = self.router.pick(name, version)
-        backend = self._serving(entry).backend
-        metadata = {
-            "name": name,
-            "versions": [other.version for other in self.registry.versions(name)],
-            "platform": backend.platform,
-            "inputs": [spec.as_metadata() for spec in backend.inputs],
-            "outputs": [spec.as_metadata() for spec in backend.outputs],
-        }
-        route = self.router.route(name)
-        if route is not None:  # an extra field: clients that do not know it ignore it (gRPC too)
-            metadata["route"] = route.describe()
-        return metadata
-
-    def model_inspect(self, name: str, version: str | None) -> dict[str, Any]:
-        """What the loaded version is and where it runs (``GET /v2/models/{m}/inspect``): the metadata,
-        the execution provider, and what only its backend knows (an ONNX model's size and coverage)."""
-        entry = self.router.pick(name, version)
-        backend = self._serving(entry).backend
-        return {
-            "name": entry.name,
-            "version": entry.version,
-            "platform": backend.platform,
-            "execution_provider": backend.execution_provider,
-            "inputs": [spec.as_metadata() for spec in backend.inputs],
-            "outputs": [spec.as_metadata() for spec in backend.outputs],
-            **backend.inspect(),
-        }
-
-    def model_config(self, name: str, version: str | None) -> dict[str, Any]:
-        """Triton's model configuration layout (what tritonclient's ``get_model_config`` reads).
-
-        As in Triton, ``dims`` leave out the batch dimension when the model batches.
-        """
-        entry = self.router.pick(name, version)
-        serving = self._serving(entry)
-        policy, backend = serving.policy, serving.backend
-        batching = policy.max_batch_size > 0
-
-        def tensors(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
-            return [
-                {
-                    "name": spec.name,
-                    "data_type": "TYPE_STRING" if spec.datatype == "BYTES" else f"TYPE_{spec.datatype}",
-                    "dims": list(spec.shape[1:] if batching else spec.shape),
-                }
-                for spec in specs
-            ]
-
-        config: dict[str, Any] = {
-            "name": name,
-            "platform": backend.config_platform,
-            "backend": backend.config_backend,
-            "max_batch_size": policy.max_batch_size,
-            "input": tensors(backend.inputs),
-            "output": tensors(backend.outputs),
-        }
-        if batching:
-            config["dynamic_batching"] = {
-                "preferred_batch_size": list(policy.preferred_batch_sizes),
-                "max_queue_delay_microseconds": int(policy.max_queue_delay_s * 1_000_000),
-                "default_priority_level": entry.config.default_priority_level,
-            }
-        if entry.config.kind == "process":
-            config["instance_group"] = [{"count": entry.config.instances, "kind": "KIND_CPU"}]
-        return config
-
-    def model_ready(self, name: str, version: str | None) -> bool:
-        try:
-            entry = self.router.pick(name, version)
-        except ModelNotReady:
-            return False
-        return entry.state is ModelState.READY
-
-    @staticmethod
-    def _serving(entry: ModelVersion) -> Serving:
-        if entry.serving is None:
-            raise ModelNotReady(f"model {entry.name!r} version {entry.version} is {entry.state.wire.lower()}")
-        return entry.serving
 
     # ---- inference ----
 
@@ -297,9 +213,10 @@ class InferenceService:
         or None (then it goes the usual way: ``call``). Such a request is neither judged nor recorded on
         its own: it counts with that first one (``Outcome.repeats``), every one in the metrics and
         statistics; the first one's access log line gives their number, and the recent errors list the
-        first one only. Under overload refusals are most of the event loop's work, and one recorded on
-        its own took the loop about twice as long as one counted with the first (docs/batching.md).
-        Not while tracing: each request's span is its own."""
+        first one only. Under overload refusals are most of the event loop's work, and one counted with
+        the first costs the loop much less than one recorded on its own (docs/design/admission.md;
+        docs/design/batching-experiments.md, "Refusals counted together"). Not while tracing: each
+        request's span is its own."""
         turns = self._turn_refusals
         if not turns:
             return None

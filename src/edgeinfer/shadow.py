@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgeinfer.admission.lag import INTERVAL_S
-from edgeinfer.config import ShadowConfig
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.metrics import Metrics
+from edgeinfer.model_config import ShadowConfig
 from edgeinfer.protocol.types import InferRequest
 from edgeinfer.repository.registry import ModelState, ModelVersion, Registry
 from edgeinfer.repository.router import Router

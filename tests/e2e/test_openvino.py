@@ -22,7 +22,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     root = tmp_path_factory.mktemp("openvino")
     model = matmul_model(root / "repo" / "mm" / "1" / "model.onnx", seed=5)
     (root / "repo" / "mm" / "config.yaml").write_text(
-        "backend: openvino\nmax_batch_size: 8\nbatch_timeout_millis: 5\n"
+        "backend: openvino\nmax_batch_size: 8\nbatch_timeout_ms: 5\n"
         f"backend_config: {{intra_op_num_threads: 1, cache_dir: {root / 'ov-cache'}}}\n"
     )
     server = ServerProcess(["--model-repository", str(root / "repo"), "--host", "127.0.0.1"])

@@ -31,7 +31,7 @@ models:
   topk: {backend: python, model_class: "tests.python_models.models:TopK", max_batch_size: 16}
   mm: {model_path: mm.onnx, max_batch_size: 32}
   # sends a batch once it holds 8 rows (the timeout only stops a broken test from hanging)
-  mm8: {model_path: mm.onnx, max_batch_size: 8, preferred_batch_sizes: [8], batch_timeout_millis: 20000}
+  mm8: {model_path: mm.onnx, max_batch_size: 8, preferred_batch_sizes: [8], batch_timeout_ms: 20000}
   pipe8:
     backend: pipeline
     pipeline:

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgeinfer.config import ModelConfig
 from edgeinfer.control.scope import OPERATIONS
 from edgeinfer.errors import ModelNotFound
 from edgeinfer.head import RequestHead
 from edgeinfer.metrics import Metrics
+from edgeinfer.model_config import ModelConfig
 from edgeinfer.protocol.types import InferRequest
 from edgeinfer.repository.sources import ModelSource
 from edgeinfer.supervisor.cluster import ClusterScope, Worker, merge_indexes

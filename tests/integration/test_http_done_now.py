@@ -9,15 +9,8 @@ from typing import Any
 
 import uvloop
 
-from edgeinfer.server.http_protocol import (
-    Answer,
-    Deferred,
-    DoneNow,
-    HttpLimits,
-    HttpRequest,
-    HttpResponse,
-    HttpServer,
-)
+from edgeinfer.server.http_messages import Answer, Deferred, DoneNow, HttpLimits, HttpRequest, HttpResponse
+from edgeinfer.server.http_protocol import HttpServer
 from edgeinfer.server.idle_poll import IdlePoll
 from edgeinfer.supervisor.sockets import bind
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import uvloop
 
-from edgeinfer.server.http_protocol import HttpLimits, HttpRequest, HttpResponse, HttpServer
+from edgeinfer.server.http_messages import HttpLimits, HttpRequest, HttpResponse
+from edgeinfer.server.http_protocol import HttpServer
 from edgeinfer.supervisor.sockets import bind
 
 REFUSAL = HttpResponse(429, b'{"error": "busy"}', [(b"retry-after", b"1")])

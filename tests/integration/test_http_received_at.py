@@ -7,7 +7,8 @@ import time
 
 import uvloop
 
-from edgeinfer.server.http_protocol import HttpLimits, HttpRequest, HttpResponse, HttpServer
+from edgeinfer.server.http_messages import HttpLimits, HttpRequest, HttpResponse
+from edgeinfer.server.http_protocol import HttpServer
 from edgeinfer.supervisor.sockets import bind
 
 

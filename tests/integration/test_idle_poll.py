@@ -8,7 +8,8 @@ import time
 
 import uvloop
 
-from edgeinfer.server.http_protocol import Answer, HttpLimits, HttpRequest, HttpResponse, HttpServer
+from edgeinfer.server.http_messages import Answer, HttpLimits, HttpRequest, HttpResponse
+from edgeinfer.server.http_protocol import HttpServer
 from edgeinfer.server.idle_poll import IdlePoll
 from edgeinfer.supervisor.sockets import bind
 

@@ -12,7 +12,6 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from edgeinfer.config import ModelConfig, RouteVariant
 from edgeinfer.errors import (
     InvalidInput,
     ModelEvicted,
@@ -22,6 +21,7 @@ from edgeinfer.errors import (
     RequestCancelled,
 )
 from edgeinfer.head import RequestHead
+from edgeinfer.model_config import ModelConfig, RouteVariant
 from edgeinfer.protocol.types import InferRequest, RequestedOutput
 from edgeinfer.repository.registry import ModelState
 from edgeinfer.repository.sources import ModelSource

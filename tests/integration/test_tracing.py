@@ -13,9 +13,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from edgeinfer.config import ModelConfig, TracingConfig
+from edgeinfer.config import TracingConfig
 from edgeinfer.errors import InvalidInput
 from edgeinfer.head import RequestHead
+from edgeinfer.model_config import ModelConfig
 from edgeinfer.protocol.types import InferRequest
 from edgeinfer.repository.sources import ModelSource
 from edgeinfer.service import InferenceService
@@ -74,7 +75,7 @@ def test_a_batched_request_has_decode_queue_compute_encode_and_a_batch_linked_to
 
     async def main() -> None:
         await service.registry.load(
-            [ModelSource("m", "3", str(path), ModelConfig(max_batch_size=4, batch_timeout_millis=5000))]
+            [ModelSource("m", "3", str(path), ModelConfig(max_batch_size=4, batch_timeout_ms=5000))]
         )
         # four requests queued in one loop iteration fill a batch of 4 (no waiting for the timeout)
         await asyncio.gather(
@@ -178,7 +179,7 @@ def test_sampling_follows_the_ratio_and_the_traceparent_and_a_batch_follows_its_
 
     async def main() -> None:
         await service.registry.load(
-            [ModelSource("m", "1", str(path), ModelConfig(max_batch_size=3, batch_timeout_millis=5000))]
+            [ModelSource("m", "1", str(path), ModelConfig(max_batch_size=3, batch_timeout_ms=5000))]
         )
         await asyncio.gather(
             infer(service, "m", rows(1.0), (SAMPLED, None)),

@@ -126,7 +126,8 @@ def test_the_cli_makes_a_key_and_its_entry(capsys: pytest.CaptureFixture[str]):
 
 def test_bad_key_or_certificate_files_stop_the_server_before_anything_loads(tmp_path: Path):
     from edgeinfer.app import Server
-    from edgeinfer.config import Config, parse
+    from edgeinfer.config import Config
+    from edgeinfer.config_file import parse
 
     (tmp_path / "keys.yaml").write_text("- {name: a, key: short, roles: [infer]}")
     config = parse(Config, {"server": {"auth": {"keys_file": str(tmp_path / "keys.yaml")}}}, "x")

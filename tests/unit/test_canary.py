@@ -19,9 +19,9 @@ from edgeinfer.canary import (
     stable_version,
     window,
 )
-from edgeinfer.config import CanaryConfig
 from edgeinfer.errors import ModelNotFound
 from edgeinfer.metrics import LATENCY_BUCKETS_S, Metrics
+from edgeinfer.model_config import CanaryConfig
 
 CONFIG = CanaryConfig(
     version="2", steps=(10, 50, 100), interval_s=60, min_requests=100, max_error_rate=0.01,

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import pytest
 
 from edgeinfer import config as config_module
-from edgeinfer.config import Config, ModelConfig, available_cpus, load_config, parse
+from edgeinfer.config import Config, available_cpus
+from edgeinfer.config_file import load_config, parse
 from edgeinfer.errors import ConfigError
+from edgeinfer.model_config import ModelConfig
 from tests.support import matmul_model
 
 
@@ -49,7 +52,7 @@ logging: {level: "info"}
     model = config.models["resnet50"]
     assert model.model_path == str(model_file.resolve())
     assert model.backend_config.intra_op_num_threads == 4
-    assert (model.max_batch_size, model.batch_timeout_millis) == (16, 10)
+    assert (model.max_batch_size, model.batch_timeout_ms) == (16, 10)
     assert config.logging.level == "INFO"
     assert config.model_store_path == str(tmp_path.resolve())
 
@@ -145,10 +148,10 @@ def test_config_errors_name_the_key(tmp_path, model_file, text, words):
 def test_adaptive_batching_unless_a_fixed_timeout_without_slo(tmp_path, model_file):
     path = write(
         tmp_path,
-        "models:\n  plain: {model_path: m.onnx}\n  fixed: {model_path: m.onnx, batch_timeout_millis: 2}\n"
-        "  both: {model_path: m.onnx, batch_timeout_millis: 2, slo: {p95_ms: 40}}\n"
+        "models:\n  plain: {model_path: m.onnx}\n  fixed: {model_path: m.onnx, batch_timeout_ms: 2}\n"
+        "  both: {model_path: m.onnx, batch_timeout_ms: 2, slo: {p95_ms: 40}}\n"
         "  a: {model_path: m.onnx, prefetch_batches: 0}\n"
-        "  f: {model_path: m.onnx, batch_timeout_millis: 2, prefetch_batches: 2}\n",
+        "  f: {model_path: m.onnx, batch_timeout_ms: 2, prefetch_batches: 2}\n",
     )
     models = load_config(path).models
     assert [models[name].adaptive_batching for name in ("plain", "fixed", "both")] == [True, False, True]
@@ -161,9 +164,9 @@ def test_adaptive_batching_unless_a_fixed_timeout_without_slo(tmp_path, model_fi
 
 def test_batch_timeout_aliases(tmp_path, model_file):
     path = write(tmp_path, "models:\n  a:\n    model_path: m.onnx\n    max_batch_time: 0.1\n")
-    assert load_config(path).models["a"].batch_timeout_millis == pytest.approx(100)
+    assert load_config(path).models["a"].batch_timeout_ms == pytest.approx(100)
     path = write(tmp_path, "models:\n  a:\n    model_path: m.onnx\n    max_queue_delay_ms: 3\n")
-    assert load_config(path).models["a"].batch_timeout_millis == 3
+    assert load_config(path).models["a"].batch_timeout_ms == 3
 
 
 def test_cli_overrides_win_over_the_file(tmp_path, model_file):
@@ -274,3 +277,17 @@ def test_workers_auto_follows_the_cpu_quota(tmp_path, cpu_max, expected):
 def test_workers_auto_is_the_cpus_available(monkeypatch: pytest.MonkeyPatch, workers):
     monkeypatch.setattr(config_module, "available_cpus", lambda: 7)
     assert parse(Config, {"server": {"workers": workers}}, "x").server.worker_count == 7
+
+
+def test_an_old_unit_spelling_still_works_with_a_deprecation_line(tmp_path: Path, caplog):
+    matmul_model(tmp_path / "m.onnx")
+    path = tmp_path / "config.yaml"
+    path.write_text("models:\n  m: {model_path: m.onnx, batch_timeout_millis: 4, queue_timeout_millis: 50}\n")
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.model_config"):
+        model = load_config(path).models["m"]
+    assert (model.batch_timeout_ms, model.queue_timeout_ms) == (4, 50)
+    said = " ".join(record.getMessage() for record in caplog.records)
+    assert "batch_timeout_millis is deprecated: it is now batch_timeout_ms" in said
+    path.write_text("models:\n  m: {model_path: m.onnx, queue_timeout_millis: 5, queue_timeout_ms: 5}\n")
+    with pytest.raises(ConfigError, match="give only one of queue_timeout_millis, queue_timeout_ms"):
+        load_config(path)

@@ -1,4 +1,4 @@
-"""Request targets split into path and query (``http_protocol._split_url``): the same answer whether
+"""Request targets split into path and query (``http_messages.split_url``): the same answer whether
 parsed or kept from before, and never more than ``URLS_KEPT`` kept, whatever targets clients send."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import httptools
 import pytest
 
-from edgeinfer.server import http_protocol
-from edgeinfer.server.http_protocol import URLS_KEPT, _split_url
+from edgeinfer.server import http_messages
+from edgeinfer.server.http_messages import URLS_KEPT, split_url
 
 TARGETS = [
     (b"/v2/models/m/infer", ("/v2/models/m/infer", b"")),
@@ -21,21 +21,21 @@ TARGETS = [
 
 @pytest.mark.parametrize(("target", "split"), TARGETS)
 def test_a_target_splits_the_same_parsed_or_kept(target: bytes, split: tuple[str, bytes]):
-    assert _split_url(target) == split
-    assert _split_url(target) == split  # the second time from what was kept
+    assert split_url(target) == split
+    assert split_url(target) == split  # the second time from what was kept
 
 
 def test_targets_kept_stay_bounded_whatever_clients_send():
     for number in range(5 * URLS_KEPT):
-        assert _split_url(f"/v2/models/m{number}/infer?n={number}".encode()) == (
+        assert split_url(f"/v2/models/m{number}/infer?n={number}".encode()) == (
             f"/v2/models/m{number}/infer",
             f"n={number}".encode(),
         )
-        assert len(http_protocol._urls_split) <= URLS_KEPT
-    assert _split_url(b"/v2/models/m/infer") == ("/v2/models/m/infer", b"")
+        assert len(http_messages._urls_split) <= URLS_KEPT
+    assert split_url(b"/v2/models/m/infer") == ("/v2/models/m/infer", b"")
 
 
 def test_a_malformed_target_is_not_kept_and_fails_each_time():
     for _ in range(2):
         with pytest.raises(httptools.HttpParserInvalidURLError):
-            _split_url(b"http://[bad")
+            split_url(b"http://[bad")

@@ -5,7 +5,8 @@ import orjson
 import pytest
 
 from edgeinfer.errors import InvalidInput
-from edgeinfer.protocol import json_codec
+from edgeinfer.protocol import json_codec, json_depth, json_tensors
+from edgeinfer.protocol.datatypes import numpy_dtype as numpy_dtype_of
 from edgeinfer.protocol.json_codec import decode_request, encode_response
 from edgeinfer.protocol.types import InferResponse
 
@@ -46,7 +47,7 @@ BAD_DATA = [
 def _general(data: list, datatype: str) -> np.ndarray | str:
     """What the general path (numpy's kind check and cast) makes of ``data``, or its refusal."""
     try:
-        return json_codec._numbers(data, json_codec.numpy_dtype(datatype), datatype)
+        return json_tensors._numbers(data, numpy_dtype_of(datatype), datatype)
     except (ValueError, TypeError, OverflowError) as exc:
         return f"input 'x': data does not fit datatype {datatype}: {exc}"
 
@@ -54,14 +55,14 @@ def _general(data: list, datatype: str) -> np.ndarray | str:
 @pytest.mark.parametrize("datatype", ["FP32", "FP64"])
 @pytest.mark.parametrize("data", FLOAT_DATA, ids=repr)
 def test_flat_floats_are_the_arrays_the_general_path_makes(data: list, datatype: str):
-    fast = json_codec._flat_numbers(data, datatype)
+    fast = json_tensors._flat_numbers(data, datatype)
     assert fast is not None  # taken by the one-call conversion
     general = _general(data, datatype)
     assert isinstance(general, np.ndarray)
     assert fast.dtype == general.dtype
     np.testing.assert_array_equal(fast, general)  # nan equal to nan, inf to inf
     assert np.signbit(fast).tolist() == np.signbit(general).tolist()  # -0.0 stays negative
-    decoded = json_codec.json_to_array("x", datatype, (2, 2), data)
+    decoded = json_tensors.json_to_array("x", datatype, (2, 2), data)
     assert decoded.shape == (2, 2)
     assert decoded.flags.c_contiguous
 
@@ -69,11 +70,11 @@ def test_flat_floats_are_the_arrays_the_general_path_makes(data: list, datatype:
 @pytest.mark.parametrize("datatype", ["FP32", "FP64"])
 @pytest.mark.parametrize("data", BAD_DATA, ids=repr)
 def test_what_flat_floats_does_not_take_is_refused_as_before(data: list, datatype: str):
-    assert json_codec._flat_numbers(data, datatype) is None
+    assert json_tensors._flat_numbers(data, datatype) is None
     general = _general(data, datatype)
     assert isinstance(general, str)
     with pytest.raises(InvalidInput) as raised:
-        json_codec.json_to_array("x", datatype, (4,), data)
+        json_tensors.json_to_array("x", datatype, (4,), data)
     assert str(raised.value) == general
 
 
@@ -81,7 +82,7 @@ INTEGER_DATATYPES = ["INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT
 
 
 def _limits(datatype: str) -> tuple[int, int]:
-    info = np.iinfo(json_codec.numpy_dtype(datatype))
+    info = np.iinfo(numpy_dtype_of(datatype))
     return int(info.min), int(info.max)
 
 
@@ -112,13 +113,13 @@ def _bad_integer_data(datatype: str) -> list[list]:
 @pytest.mark.parametrize("datatype", INTEGER_DATATYPES)
 def test_flat_integers_are_the_arrays_the_general_path_makes(datatype: str):
     for data in _integer_data(datatype):
-        fast = json_codec._flat_numbers(data, datatype)
+        fast = json_tensors._flat_numbers(data, datatype)
         assert fast is not None, data  # taken by the one-call conversion
         general = _general(data, datatype)
         assert isinstance(general, np.ndarray), data
-        assert fast.dtype == general.dtype == json_codec.numpy_dtype(datatype)
+        assert fast.dtype == general.dtype == numpy_dtype_of(datatype)
         assert fast.tolist() == general.tolist() == [int(value) for value in data]
-        decoded = json_codec.json_to_array("x", datatype, (2, 2), data)
+        decoded = json_tensors.json_to_array("x", datatype, (2, 2), data)
         assert decoded.shape == (2, 2)
         assert decoded.flags.c_contiguous
 
@@ -128,30 +129,30 @@ def test_what_flat_integers_does_not_take_is_refused_as_before(datatype: str):
     """Out of range, fractions, floats, booleans, strings, nulls, lists, objects: the one-call path
     takes none of them, and the general path refuses each with its message."""
     for data in _bad_integer_data(datatype):
-        assert json_codec._flat_numbers(data, datatype) is None, data
+        assert json_tensors._flat_numbers(data, datatype) is None, data
         general = _general(data, datatype)
         assert isinstance(general, str), data
         with pytest.raises(InvalidInput) as raised:
-            json_codec.json_to_array("x", datatype, (4,), data)
+            json_tensors.json_to_array("x", datatype, (4,), data)
         assert str(raised.value) == general
 
 
 def test_flat_numbers_leaves_other_datatypes_and_a_first_boolean_to_the_general_path():
-    assert all(json_codec._flat_numbers([1, 0], name) is None for name in ("FP16", "BOOL", "BYTES"))
-    assert json_codec._flat_numbers([], "FP32") is None
+    assert all(json_tensors._flat_numbers([1, 0], name) is None for name in ("FP16", "BOOL", "BYTES"))
+    assert json_tensors._flat_numbers([], "FP32") is None
     for datatype, data in (("FP32", [True, 1.5, 2.0, 3.0]), ("INT64", [True, 1, 2, 3])):
         assert (
-            json_codec._flat_numbers(data, datatype) is None
+            json_tensors._flat_numbers(data, datatype) is None
         )  # numbers after all: the general path takes them
         np.testing.assert_array_equal(
-            json_codec.json_to_array("x", datatype, (4,), data), _general(data, datatype)
+            json_tensors.json_to_array("x", datatype, (4,), data), _general(data, datatype)
         )
 
 
 def test_every_numeric_datatype_but_fp16_and_bool_is_taken_in_one_call():
     """The one-call table holds a typecode for every integer and float datatype here (a C type of the
     datatype's size exists on the platforms this runs on)."""
-    assert set(json_codec._ONE_CALL) == {"FP32", "FP64", *INTEGER_DATATYPES}
+    assert set(json_tensors._ONE_CALL) == {"FP32", "FP64", *INTEGER_DATATYPES}
 
 
 def test_request_fields_are_kept():
@@ -261,9 +262,9 @@ def test_nesting_is_limited_everywhere(document: dict, limit: int, over: bool):
 
     if over:
         with pytest.raises(LimitExceeded, match=f"the limit is {limit}"):
-            json_codec.check_depth(document, limit)
+            json_depth.check_depth(document, limit)
     else:
-        json_codec.check_depth(document, limit)
+        json_depth.check_depth(document, limit)
 
 
 def test_an_empty_outputs_list_asks_for_every_output():

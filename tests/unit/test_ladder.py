@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from edgeinfer.config import FallbackConfig
+from edgeinfer.model_config import FallbackConfig
 from edgeinfer.repository.ladder import CHECK_EVERY_S, Hysteresis, Ladder, LatencyWindow
 
 # enter above 45 ms for 5 s, exit below 30 ms for 30 s (the example)

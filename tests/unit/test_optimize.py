@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgeinfer.optimize import OptimizeError, OutputAgreement, agreement, drop, load_samples, verdict
+from edgeinfer.optimize import OutputAgreement, agreement, drop, verdict
+from edgeinfer.optimize_samples import OptimizeError, load_samples
 
 LOGITS = np.array([[0.1, 0.9, 0.0], [0.8, 0.1, 0.1], [0.2, 0.3, 0.5], [0.4, 0.35, 0.25]], np.float32)
 

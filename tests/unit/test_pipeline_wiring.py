@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from edgeinfer.backends.pipeline import PipelineBackend
-from edgeinfer.config import PipelineConfig
 from edgeinfer.errors import ModelLoadError
+from edgeinfer.model_config import PipelineConfig
 
 IO = {
     "inputs": [{"name": "IN", "datatype": "FP32", "shape": [-1, 4]}],

@@ -13,7 +13,7 @@ from edgeinfer.errors import (
     ServerBusy,
     TooLarge,
 )
-from edgeinfer.server.grpc import code_for, retry_pushback
+from edgeinfer.server.grpc_errors import code_for, retry_pushback
 from edgeinfer.server.http_errors import response_for_error
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from edgeinfer.config import RouteVariant
+from edgeinfer.model_config import RouteVariant
 from edgeinfer.repository.routes import Route, key_point
 
 NINETY_TEN = (RouteVariant(version="1", weight=90), RouteVariant(version="2", weight=10))

@@ -12,7 +12,8 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
 from edgeinfer.app import start_tracing
-from edgeinfer.config import Config, TracingConfig, parse
+from edgeinfer.config import Config, TracingConfig
+from edgeinfer.config_file import parse
 from edgeinfer.errors import ConfigError
 from edgeinfer.tracing import Sampling, _resource, exporters_from_environment, sampling_from_environment
 

@@ -1,43 +1,25 @@
-"""How long a request waits before the server even reads it: the event loop's lag.
+"""How long a request waits before the server even reads it: the event loop's lag, and its turns.
 
-When the event loop is the bottleneck (a small model served at its limit: parsing and answering
-requests is most of the work), requests do not queue in a batcher; they wait in the sockets' buffers
-until the loop gets to them, where admission control cannot see them. The loop's lag is the same wait
-seen from inside: a timer due every ``INTERVAL_S`` measures how late it runs. It rises at once with a
-late tick and falls back gradually, so one quiet tick inside a busy period does not hide it.
+When the event loop is the bottleneck (a small model served at its limit), requests do not queue in a
+batcher; they wait in the sockets' buffers, where admission cannot see them. ``LoopLag`` measures that
+wait from inside:
 
-The timer sees only the loop's lateness between iterations. Within one iteration the loop reads every
-socket that was ready when it polled, one after another, so a request read late in a long iteration
-waited for all those read before it, and the timer learns of it only after the iteration. So the
-*turn* is measured too: ``waited_s`` is the lag plus the time since the loop read the first request
-of this iteration, and ``turn_s`` how long recent turns took (what a request admitted now still has
-ahead of it is counted in turns: ``batcher.TURNS_TO_ANSWER``). With admission on the timer's lag
-alone, `tiny` offered twice what it sustains (9,000 requests/s) had its admitted requests answered in
-115 ms at p99 and its refusals in 56-63 ms (SLO 9.5 ms): the iterations themselves were the wait.
+* the *lag*: a timer due every ``INTERVAL_S`` measures how late it runs (``next_lag``: up at once with
+  a late tick, down gradually, so one quiet tick inside a busy period does not hide it);
+* the *turn*: within one iteration the loop reads every socket that was ready when it polled, one after
+  another, and the timer learns of a long iteration only after it. ``waited_s`` is the lag plus the time
+  since the loop read the first request of this iteration (clock time: the request did wait);
+  ``turn_s`` is how long recent turns took, in the loop thread's CPU time, not the clock's, because
+  time lost to being descheduled does not recur in the next turns;
+* the *idle ticks* (on time, and no request read since the tick before), in which the admission margin
+  learned under load calms down (``margin.py``).
 
-A turn's length is taken in the loop thread's CPU time, not the clock's: what predicts the next turns
-is the work the loop does in one, and time it lost to being descheduled does not recur. Under a light
-load (`tiny` at 3,000/s, client and server on the same two cores) some iterations took 3.6-5 ms (about
-a scheduler tick: 4 ms at 250 Hz) after their last read, with no Python running; with the server's
-event loop and the client pinned to a core each, no request was refused at that rate in three runs,
-against 3, 3 and 93 unpinned. Counted in clock time, such a turn made the next requests, which had
-waited 0.1-0.3 ms, look two such turns from an answer: refused. Measured on fresh servers, three
-rounds alternating (`tiny`, SLO 4.1 ms, the benchmark's server, 3 s steps), CPU time against clock
-time: at 3,000/s 0 refusals in each round against 0, 8 and 41; at 18,000/s (about 0.9 of what it
-sustains) 96.5-99.2 % answered against 79.7-98.0 %, p99 within the SLO in both; at 41,000/s (2x) the
-admitted p99 3.6-3.8 ms against 3.4-3.6 ms, 5.7-8.2 % answered against 10.3-11.1 %. Three more rounds
-at 18,000/s and 41,000/s: 86.1-97.5 % against 64.9-97.3 %, and at 2x the admitted p99 3.3-3.7 ms
-against 4.7-23 ms (the SLO missed in all three). The request's own wait (``waited_s``) stays in clock
-time: it did wait.
-
-Two uses (``batcher.py``). Admission counts it as part of a request's wait: a request that has waited
-``waited_s``, with the turns still ahead of it, is refused before it is decoded once that is more than
-its SLO allows, and refusing costs less than answering, so the loop catches up. And adaptive batching
-stops running a lone request at once while the loop lags: a model fast enough to run inline would
-otherwise answer every request alone, in the order the loop reads them, and never merge the ones read
-in the same iteration. The timer also counts its idle ticks (on time, and no request read since the
-tick before): in such a spell the admission margin, learned under load, calms down (``margin.py``).
-Cheap: 200 timer callbacks a second while requests come, none after ``IDLE_S`` without one; one
+Two uses. Admission (``admission.py``) counts ``waited_s``, with the turns still ahead of the request
+(``TURNS_TO_ANSWER``), as part of its wait, and refuses it before it is decoded once that is more than
+its SLO allows; adaptive batching (``batcher.py``) stops running a lone request at once while the loop
+lags, so that the requests read in the same iteration merge. Refusing costs less than answering, so
+judging the wait in the sockets lets the loop catch up (docs/design/admission.md, "The lag and the
+turns"). Cheap: 200 timer callbacks a second while requests come, none after ``IDLE_S`` without one; one
 callback per iteration that reads an inference request.
 """
 
@@ -94,9 +76,8 @@ class LoopLag:
         self.turns = 0  # turns over so far: equal numbers, the same iteration
         self.idle_ticks = 0  # ticks so far that came on time with no request read since the one before
         # how long recent turns took, in the loop thread's CPU time: up at once with a long one, down
-        # gradually with each shorter one
-        # and each on-time tick (after an overload the loop is idle, and turns are few: the ticks are
-        # what brings it down; it was 20 ms, and the first requests after it were refused for it)
+        # gradually with each shorter one and each on-time tick (after an overload the loop is idle and
+        # turns are few: the ticks are what brings it down; docs/design/admission.md)
         self.turn_s = 0.0
 
     def waited_s(self, now: float) -> float:

@@ -1,38 +1,23 @@
 """The margin admission keeps to a model's SLO, steered by how many answered requests missed it.
 
-Admission (``batcher.py``) predicts when a request would finish (the queue ahead at the measured cost
-and drain, its own batch, the event loop's lag) and refuses one predicted to miss its SLO. The
-prediction is a central estimate, and under overload the queue fills until the newest admitted request
-is predicted to finish just at its SLO: then many admitted requests finish after it. Measured with
-`cnn` over JSON offered twice its sustainable rate (SLO 350 ms): the time requests finished against
-their SLO, p50 28 ms before it, p90 30 ms and p99 82 ms after it.
-
-So admission adds a margin to every prediction, and the margin follows the objective itself: each
-answered request that missed its SLO raises it by ``GAIN`` x the SLO x the share allowed to make it
-(0.99 for a p99 objective), each one in time lowers it by ``GAIN`` x the SLO x the share allowed to
-miss (0.01). It settles where the allowed share misses: no margin while fewer do (under light load,
-or when the predictions have room to spare), as much as it takes under overload. A first version kept
-the 99th percentile of each request's overrun (finish minus prediction) instead: right where every
-admitted request is at the limit (overload), but far too cautious below it, where most requests have
-room and a late one still makes its SLO: `tiny` at 90 % of its sustainable rate then refused 6 % of
-its requests while answering the rest at p99 2.0 ms against an SLO of 2.6 ms.
-
-The margin moves only with answers, so one learned under an overload outlasts it when none follow: an
-idle spell. The first requests after it, which have the server to themselves, were then judged with a
-margin meant for a full queue: `tiny` (SLO 3.8 ms) offered twice what it sustains for 6 s still had
-0.7-2.9 ms of margin 1 s later (18 runs), and a client sending one request at a time then had some
-refused in 2 of 9 runs (one such 429 added 1.1 ms of margin to 2.7 ms of lag and turns). So each of the
-event loop's idle ticks (``lag.py``: on time, no request read since the tick before) keeps ``CALM`` of
-the margin while the model has nothing queued or running (``calm``): a third is left after 100 ms (20
-ticks), nothing after 1 s. Under load a request is read every few milliseconds, so no tick is idle and
-the margin stays: `tiny` at 2x answered at p99 3.38-3.47 ms with it against 3.15-3.87 without, and 1 s
-after the step its margin was 0 in each of 6 rounds against 1.0-2.6 ms. Calming on every on-time tick
-instead (the model idle) also calmed it under overload, where `tiny`, which runs inline, has an empty
-queue between iterations: p99 3.65-4.25 ms against 3.18-3.87.
-
+Admission (``admission.py``) predicts when a request would finish (the queue ahead at the measured cost
+and drain, its own batch, the event loop's lag) and refuses one predicted to miss its SLO. It adds this
+margin to every prediction, and the margin follows the objective itself: each answered request that
+missed its SLO raises it by ``GAIN`` x the SLO x the share allowed to make it (0.99 for a p99
+objective), each one in time lowers it by ``GAIN`` x the SLO x the share allowed to miss (0.01). It
+settles where the allowed share misses: no margin while fewer do, as much as it takes under overload.
 ``GAIN`` is a share of the SLO, not a time: at 1 %, about 100 misses in a row take the margin from 0 to
-the whole SLO, and a hundred requests in time take back one miss. How fast that is in seconds follows
-the request rate.
+the whole SLO, and a hundred requests in time take back one miss (how fast that is in seconds follows the
+request rate).
+
+The margin moves only with answers, so one learned under an overload would outlast it in an idle spell.
+So each of the event loop's idle ticks (``lag.py``: on time, no request read since the tick before)
+keeps ``CALM`` of the margin while the model has nothing queued or running (``calm``): a third is left
+after 100 ms (20 ticks). Under load no tick is idle, and the margin stays.
+
+Why: a prediction is a central estimate, and under overload the queue fills until the newest admitted
+request is predicted to finish just at its SLO, so many finish after it (docs/design/admission.md, "The
+margin").
 """
 
 from __future__ import annotations

@@ -1,30 +1,20 @@
 """A queue that stands under an overload is kept to half the SLO: the same throughput, half the wait.
 
-Admission (``batcher.py``) lets a request in while it is predicted to finish within its SLO. Offered
-more than it can serve, a model's queue then fills until the newest admitted request is predicted to
-finish just at its SLO, and stays that deep: every answer waits nearly the whole SLO, and whenever the
-queue drains more slowly than measured for a moment (a stall, a busy core), a burst of the requests
-queued then misses it. A queue that deep does nothing for throughput that a shallower one would not:
-either way the runner always has its next batch waiting. It is worth its depth only while it absorbs
-a burst that passes, and such a queue empties again.
+Offered more than it can serve, a model's queue fills until the newest admitted request is predicted to
+finish just at its SLO, and stays that deep. So once batches have started with a request that had used
+more than half its SLO (``KEEP``), for half an SLO's time without the queue ever emptying, the queue
+*stands*: admission (``admission.py``) then holds back the other half of the SLO (``cut_s``), and lets
+in only requests predicted to finish within the first half. It stands until a batch starts and leaves
+the queue empty. The half kept is never less than three full batches (``BATCHES_KEPT``: the one
+running, a full one queued behind it, and the newcomer's own), so a model that batches still forms full
+batches from what it keeps. A model whose requests do not wait in its queue (one fast enough to run on
+the event loop, where the wait is in the sockets: ``lag.py``) never has a standing queue; nor does one
+offered less than it serves, whose queue empties between bursts.
 
-So once batches have started with a request that had used more than half its SLO (``KEEP``), for half
-an SLO's time without the queue ever emptying, the queue *stands*: admission then holds back the other
-half of the SLO (``cut_s``), and lets in only requests predicted to finish within the first half. It
-stands until a batch starts and leaves the queue empty. The half kept is never less than three full
-batches (``BATCHES_KEPT``: the one running, a full one queued behind it, and the newcomer's own), so a
-model that batches still forms full batches from what it keeps. A model whose requests do not wait in
-its queue (one fast enough to run on the event loop, where the wait is in the sockets: ``lag.py``)
-never has a standing queue; nor does one offered less than it serves, whose queue empties between
-bursts.
-
-Measured with `cnn` over JSON (SLO 600 ms, an image 11.7-13.8 ms: it sustained about 70/s) offered
-150/s for 10 s on fresh servers, three rounds alternating (docs/batching.md has the runs): admitted
-p99 475-499 ms and no answer after its SLO, against 601-697 ms and 9-37 answers after it, in bursts;
-752-821 answered against 728-796, refusals at p99 7.4-7.6 ms against 6.8-8.5 ms. What is left of the
-p99 is the overload's first second, before the queue has stood long enough: from 1.5 s on, answers
-took at most 322-329 ms. At 63/s (0.9 of what it sustained) it refused none of about 630 requests in
-each of three runs (0-2 without).
+Why: a queue that deep does nothing for throughput that a shallower one would not (the runner always has
+its next batch waiting), and whenever it drains more slowly than measured a burst of its requests
+misses (docs/design/admission.md, "The standing queue"; docs/design/batching-experiments.md, "A queue
+that stands").
 """
 
 from __future__ import annotations

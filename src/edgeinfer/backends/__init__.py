@@ -23,7 +23,7 @@ from edgeinfer.protocol.types import InferRequest, TensorSpec
 from edgeinfer.runners import Runner, RunnerSettings, Tensors
 
 if TYPE_CHECKING:
-    from edgeinfer.config import ModelConfig
+    from edgeinfer.model_config import ModelConfig
 
 
 class Backend(Protocol):

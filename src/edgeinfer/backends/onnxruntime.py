@@ -15,8 +15,8 @@ import onnxruntime as ort
 
 from edgeinfer.backends import LoadContext
 from edgeinfer.backends.coverage import Coverage, coverage
-from edgeinfer.config import ModelConfig, OnnxRuntimeConfig
 from edgeinfer.errors import ModelLoadError, RuntimeRejected
+from edgeinfer.model_config import ModelConfig, OnnxRuntimeConfig
 from edgeinfer.protocol.datatypes import ONNX_TO_V2
 from edgeinfer.protocol.types import TensorSpec
 from edgeinfer.runners import Runner, RunnerSettings
@@ -108,8 +108,8 @@ class OnnxRuntimeBackend:
         self._string_inputs = {spec.name for spec in self.inputs if spec.datatype == "BYTES"}
         self._string_outputs = any(spec.datatype == "BYTES" for spec in self.outputs)
         self._run = _session_run(self._session)
-        # one for every run: given None, ONNX Runtime builds a default per call (a quarter of a `tiny`
-        # run here: 15.1 against 11.4 us); nothing changes it during a run
+        # one for every run: given None, ONNX Runtime builds a default per call, a good part of a small
+        # model's run (docs/design/onnxruntime-call.md); nothing changes it during a run
         self._run_options = ort.RunOptions()
         self._all_outputs = [spec.name for spec in self.outputs]
 
@@ -226,7 +226,8 @@ def _probe(session: ort.InferenceSession, wanted: str) -> tuple[Coverage | None,
     then undercounts what it runs, and the time share tells more."""
     feed = {}
     for arg in session.get_inputs():
-        # a dynamic first (batch) dimension is 1; any other 64, room for a CNN's pooling or a sequence
+        # a dynamic first (batch) dimension is 1; any other 64, room for a convolutional network's
+        # pooling or a sequence
         shape = [
             dim if isinstance(dim, int) and dim > 0 else (1 if index == 0 else PROBE_SIZE)
             for index, dim in enumerate(arg.shape or [])
@@ -277,9 +278,9 @@ def _session_run(session: ort.InferenceSession) -> Any:
     """The session's run function. For a CPU-only session, the compiled one under ``InferenceSession.run``:
     the public wrapper re-checks input names and ownership on every call (we checked the request
     already; inputs are numpy arrays) and adds only a fallback for accelerator providers, which a
-    CPU session has none of: on a small model that is over a quarter of the call (`tiny`: 19.5 vs 13.9
-    µs here). Any other session, or an
-    ONNX Runtime without that attribute, goes through the public ``run``."""
+    CPU session has none of: on a small model that is a good part of the call
+    (docs/design/onnxruntime-call.md). Any other session, or an ONNX Runtime without that attribute,
+    goes through the public ``run``."""
     private = getattr(session, "_sess", None)
     if session.get_providers() == ["CPUExecutionProvider"] and callable(getattr(private, "run", None)):
         return private.run  # type: ignore[union-attr]

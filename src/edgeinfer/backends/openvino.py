@@ -28,8 +28,8 @@ import numpy as np
 import openvino as ov
 
 from edgeinfer.backends import LoadContext
-from edgeinfer.config import ModelConfig, OnnxRuntimeConfig
 from edgeinfer.errors import ModelLoadError, RuntimeRejected
+from edgeinfer.model_config import ModelConfig, OnnxRuntimeConfig
 from edgeinfer.protocol.types import TensorSpec
 from edgeinfer.runners import Runner, RunnerSettings
 from edgeinfer.runners.arrays import concatenating

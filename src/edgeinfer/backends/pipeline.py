@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.backends import LoadContext, StepObserver, StepRunner, ignore_step
-from edgeinfer.config import ModelConfig, PipelineConfig
 from edgeinfer.errors import EdgeInferError, InferenceFailed, ModelLoadError
+from edgeinfer.model_config import ModelConfig, PipelineConfig
 from edgeinfer.protocol.types import InferRequest, TensorSpec
 from edgeinfer.runners import Result, Runner, RunnerSettings, Tensors, Work
 from edgeinfer.runners.coroutine import AsyncRunner

@@ -45,7 +45,7 @@ import numpy as np
 import orjson
 
 from edgeinfer.backends import LoadContext, can_batch
-from edgeinfer.config import split_model_class
+from edgeinfer.config_file import split_model_class
 from edgeinfer.errors import ConfigError, InferenceFailed, InvalidInput, ModelLoadError
 from edgeinfer.extras import missing
 from edgeinfer.protocol.datatypes import numpy_dtype
@@ -57,7 +57,7 @@ from edgeinfer.runners.coroutine import AsyncRunner
 from edgeinfer.runners.thread import ThreadRunner
 
 if TYPE_CHECKING:
-    from edgeinfer.config import ModelConfig
+    from edgeinfer.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 

@@ -16,22 +16,21 @@ batcher:
 
 With ``adaptive`` (the default unless a model sets ``batch_timeout_millis``) there is no fixed wait; what
 the batcher has measured (``Measured``: the cost model's per-row and per-call cost, the time between
-arrivals) decides:
+arrivals) decides (why, with the measurements: docs/design/batcher.md):
 
 * Merging pays only when a call's fixed cost is at least its cost per row (``per_batch_s >= per_row_s``;
   a batch of two then saves at least a quarter of the time per row): k requests queued on one slot
   finish at ``t(1), 2 t(1), ... k t(1)`` one by one and all at ``t(k)`` merged, and the mean of the
   first is ``(k + 1)(a + b) / 2``, of the second ``b + k a``: merged is sooner on average exactly when
-  ``b >= a``. Otherwise the head runs alone (a CNN on a CPU: merging four requests makes the first wait
-  for all four) and nothing waits; but when the batcher asks for a merge trial (``Measured.trial``,
-  ``MERGE_TRIAL_ROWS``), so that sizes above one keep being measured.
+  ``b >= a``. Otherwise the head runs alone (a convolutional network on a CPU: merging four requests
+  makes the first wait for all four) and nothing waits; but when the batcher asks for a merge trial
+  (``Measured.trial``, ``MERGE_TRIAL_ROWS``), so that sizes above one keep being measured.
 * Waiting for one more request pays only when one is expected sooner than a batch of one would take
   (the mean time between arrivals is at most ``t(1)``), and only while the oldest request, once the next
   arrives and the larger batch runs, still finishes by its due time (its SLO). Otherwise the batch goes
   now: at concurrency 1 nothing else arrives while a request waits, so nothing ever waits.
 * Never wait while another of the runner's slots is idle: running now uses it, waiting leaves it idle
-  (the benchmark's Python model on two process instances: 367-428 requests/s with such waits, 413-448
-  without).
+  (docs/design/batcher.md, "Never waiting while a slot is idle").
 * Under load no wait is needed: requests queue while the runner is busy, and the batch formed when it
   frees holds them all. When merging does not pay, the next request is handed to the runner while the
   current one computes instead (``forms_ahead``): it starts the moment the slot frees.
@@ -89,15 +88,15 @@ def merging_pays(per_row_s: float, per_batch_s: float) -> bool:
 # a few slow batches (``runners/cost.py``) would never be corrected: merging would never pay again. So
 # now and then the batcher asks for a trial (``Measured.trial``): the head merged with what follows, up
 # to this many rows. Four, because the first merge costs the most (a batch of one skips concatenating
-# and splitting: `tiny` took 6.2 us alone, 9.9 us for two, 11.2 us for four), so two alone do not show
-# the slope. What a trial costs is small and bounded: the head waits for up to three more rows.
+# and splitting), so two alone do not show the slope (docs/design/batcher.md, "Merge trials"). What a
+# trial costs is small and bounded: the head waits for up to three more rows.
 MERGE_TRIAL_ROWS = 4
 HIGHEST_PRIORITY = 1  # the lowest level number a request can have (0 asks for the model's default)
 
 
 class Pending:
     """A queued request as the policy sees it. ``group`` is equal for requests that can be merged.
-    (A plain class, not a dataclass, like every object made per request: ``setup.py``.)"""
+    (A plain class, not a dataclass, like every object made per request: docs/design/mypyc.md.)"""
 
     __slots__ = (
         "deadline",

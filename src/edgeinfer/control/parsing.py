@@ -7,8 +7,10 @@ from typing import Any
 
 import yaml
 
-from edgeinfer.config import Config, RouteVariant, ShadowConfig, parse
+from edgeinfer.config import Config
+from edgeinfer.config_file import parse
 from edgeinfer.errors import ConfigError, InvalidInput
+from edgeinfer.model_config import RouteVariant, ShadowConfig
 
 
 def parse_route(name: str, variants: Any) -> tuple[RouteVariant, ...] | None:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.errors import InvalidInput
-from edgeinfer.protocol import json_codec
+from edgeinfer.protocol import json_codec, json_depth
 from edgeinfer.protocol.raw import array_to_raw, raw_to_array
 from edgeinfer.protocol.types import InferRequest, InferResponse
 
@@ -62,7 +62,7 @@ def _decode(document: dict[str, Any], header: memoryview, binary: memoryview, ma
             f"the body has {len(binary)} bytes after the JSON header but the inputs' binary_data_size "
             f"add up to {offset}"
         )
-    depth_limit = max_depth if json_codec.may_nest_deeper(header, max_depth) else None
+    depth_limit = max_depth if json_depth.may_nest_deeper(header, max_depth) else None
     return json_codec.decode_request_object(document, binary_inputs, depth_limit)
 
 

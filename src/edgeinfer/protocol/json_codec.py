@@ -27,17 +27,18 @@ import logging
 import math
 import re
 import secrets
-from array import array as c_array
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Literal, NoReturn, TypeAlias
+from typing import Any, NoReturn
 
 import numpy as np
 import orjson
 
 from edgeinfer.errors import InvalidInput, LimitExceeded
-from edgeinfer.protocol.datatypes import V2_TO_NUMPY, check_shape, numpy_dtype, outside_range, v2_datatype
+from edgeinfer.protocol.datatypes import V2_TO_NUMPY, check_shape, numpy_dtype, v2_datatype
+from edgeinfer.protocol.json_depth import check_depth, may_nest_deeper
 from edgeinfer.protocol.json_scan import NumericArrays
+from edgeinfer.protocol.json_tensors import array_to_json, json_to_array, json_type
 from edgeinfer.protocol.types import InferRequest, InferResponse, Parameters, RequestedOutput
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def loads_object(body: bytes | bytearray | memoryview, what: str = "request body
     except orjson.JSONDecodeError as exc:
         raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise InvalidInput(f"{what} must be a JSON object, not {_json_type(value)}")
+        raise InvalidInput(f"{what} must be a JSON object, not {json_type(value)}")
     return value
 
 
@@ -223,13 +224,6 @@ def _scanned_tensor(datatype: Any, values: np.ndarray, integers: bool) -> np.nda
     return values.astype(dtype)
 
 
-def may_nest_deeper(raw: bytes | bytearray | memoryview, limit: int) -> bool:
-    """Whether ``raw`` has more opening brackets than ``limit``: if not, no nesting can exceed it and
-    the walk is skipped (a C-speed count, a fifth of what walking a small request costs)."""
-    data = raw if not isinstance(raw, memoryview) else raw.tobytes()
-    return data.count(b"[") + data.count(b"{") > limit
-
-
 def decode_with_simdjson(body: bytes, max_depth: int = MAX_DEPTH) -> InferRequest:
     """The large-body decoder: numeric tensors become arrays without Python floats, the rest plain
     values. A body simdjson reads otherwise than orjson goes to ``decode_with_orjson`` whole: one it
@@ -242,7 +236,7 @@ def decode_with_simdjson(body: bytes, max_depth: int = MAX_DEPTH) -> InferReques
     except (ValueError, RuntimeError):  # invalid JSON, or BIGINT_ERROR for an integer beyond 64 bits
         return decode_with_orjson(body, max_depth)
     if not isinstance(document, simdjson.Object):
-        raise InvalidInput(f"request body must be a JSON object, not {_json_type(_plain(document))}")
+        raise InvalidInput(f"request body must be a JSON object, not {json_type(_plain(document))}")
     arrays: dict[str, np.ndarray] = {}
     plain: dict[str, Any] = {}
     try:
@@ -338,12 +332,12 @@ def decode_request_object(
         _ignore_fields(document.keys() - _REQUEST_FIELDS, "inference request")
     request_id = document.get("id")
     if request_id is not None and not isinstance(request_id, str):
-        raise InvalidInput(f"'id' must be a string, not {_json_type(request_id)}")
+        raise InvalidInput(f"'id' must be a string, not {json_type(request_id)}")
     parameters = _parameters(document.get("parameters"), "request 'parameters'")
 
     raw_inputs = document.get("inputs", [])  # a model may take no inputs (parameters only)
     if not isinstance(raw_inputs, list):
-        raise InvalidInput(f"'inputs' must be a list of tensors, not {_json_type(raw_inputs)}")
+        raise InvalidInput(f"'inputs' must be a list of tensors, not {json_type(raw_inputs)}")
     inputs: dict[str, np.ndarray] = {}
     input_parameters: dict[str, Parameters] = {}
     for position, raw in enumerate(raw_inputs):
@@ -371,67 +365,11 @@ def decode_request_object(
     )
 
 
-def check_depth(document: dict[str, Any], limit: int) -> None:
-    """Refuse a document nested deeper than ``limit`` (orjson alone stops at 1024 levels).
-
-    Everything but tensor data is walked (headers and parameters are small). Tensor data is followed
-    down its first elements only: deeper nesting anywhere else in it fails the shape check later.
-    """
-    for key, value in document.items():
-        if key == "inputs" and isinstance(value, list):
-            for tensor in value:
-                if isinstance(tensor, dict):
-                    for field, item in tensor.items():
-                        if field == "data":
-                            if (depth := 3 + _first_depth(item)) > limit:
-                                _too_deep(f"{depth} levels", limit)
-                        elif _depth(item, limit - 3) + 3 > limit:
-                            _too_deep(f"at least {limit + 1} levels", limit)
-                elif _depth(tensor, limit - 2) + 2 > limit:
-                    _too_deep(f"at least {limit + 1} levels", limit)
-        elif _depth(value, limit - 1) + 1 > limit:
-            _too_deep(f"at least {limit + 1} levels", limit)
-
-
-def _depth(value: Any, budget: int) -> int:
-    """Levels of containers in ``value`` (a scalar has 0), stopping once it is over ``budget``."""
-    if isinstance(value, dict):
-        items: Any = value.values()
-    elif isinstance(value, list):
-        items = value
-    else:
-        return 0
-    if budget <= 0:
-        return 1
-    deepest = 0
-    for item in items:
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, _depth(item, budget - 1))
-            if deepest >= budget:
-                break
-    return 1 + deepest
-
-
-def _first_depth(data: Any) -> int:
-    depth = 0
-    while isinstance(data, list):
-        depth += 1
-        data = data[0] if data else None
-    return depth
-
-
-def _too_deep(depth: str, limit: int) -> None:
-    raise LimitExceeded(
-        f"the JSON body is nested {depth} deep; the limit is {limit} (server.limits.max_json_depth)",
-        "json_depth",
-    )
-
-
 def decode_tensor_header(raw: Any, position: int) -> tuple[str, str, tuple[int, ...], Parameters]:
     """Check the name, datatype, shape and parameters of ``inputs[position]`` (shared by JSON and binary
     inputs). Every request passes here: its messages are built only when they are raised."""
     if not isinstance(raw, dict):
-        raise InvalidInput(f"inputs[{position}] must be a JSON object, not {_json_type(raw)}")
+        raise InvalidInput(f"inputs[{position}] must be a JSON object, not {json_type(raw)}")
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidInput(f"inputs[{position}] needs a 'name' string")
@@ -468,168 +406,11 @@ def _ignore_fields(names: set[str], where: str) -> None:
         log.debug("ignoring field(s) the protocol does not define in an %s: %s", where, sorted(new))
 
 
-def json_to_array(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
-    """Turn JSON tensor data (flat or nested, row-major) into an array of ``shape``.
-
-    The element count is checked against the shape before numpy allocates anything, so a huge declared
-    shape with little data costs nothing.
-    """
-    expected = math.prod(shape)
-    if not isinstance(data, list):
-        data = [data]
-    if data and isinstance(data[0], list):
-        _check_nested_lengths(name, shape, data)
-    elif len(data) != expected:
-        raise InvalidInput(
-            f"input {name!r}: shape {list(shape)} needs {expected} elements but 'data' has {len(data)}"
-        )
-    else:
-        numbers = _flat_numbers(data, datatype)
-        if numbers is not None:
-            return numbers.reshape(shape)
-    dtype = numpy_dtype(datatype)
-    try:
-        values = _bytes_array(data) if datatype == "BYTES" else _numbers(data, dtype, datatype)
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise InvalidInput(f"input {name!r}: data does not fit datatype {datatype}: {exc}") from None
-    if values.size != expected:
-        raise InvalidInput(
-            f"input {name!r}: shape {list(shape)} needs {expected} elements but 'data' has {values.size}"
-        )
-    return values.reshape(shape)
-
-
-_TypeCode: TypeAlias = Literal["f", "d", "b", "h", "i", "q", "B", "H", "I", "Q"]  # of array.array
-
-# the datatypes taken in one call: array.array's typecode and the dtype (given positionally: by keyword
-# it costs 0.5 us more). A typecode names a C type, whose size is the platform's: only those of the
-# dtype's size are used (on Linux x86-64 and arm64, all of them).
-_TYPECODES: dict[str, _TypeCode] = {
-    "FP32": "f",
-    "FP64": "d",
-    "INT8": "b",
-    "INT16": "h",
-    "INT32": "i",
-    "INT64": "q",
-    "UINT8": "B",
-    "UINT16": "H",
-    "UINT32": "I",
-    "UINT64": "Q",
-}
-_ONE_CALL: dict[str, tuple[_TypeCode, np.dtype]] = {
-    datatype: (typecode, numpy_dtype(datatype))
-    for datatype, typecode in _TYPECODES.items()
-    if c_array(typecode).itemsize == numpy_dtype(datatype).itemsize
-}
-
-
-def _flat_numbers(data: list[Any], datatype: str) -> np.ndarray | None:
-    """A flat list of JSON numbers as an array of a numeric datatype, converted in one C call
-    (``array.array``). None for anything else, which ``_numbers`` then converts or refuses with its
-    message: other datatypes (BOOL, FP16, BYTES), a first element that is a boolean (a list of
-    booleans is not numbers), an element that is not a number, a fraction for an integer datatype, an
-    integer outside the datatype's range.
-
-    What ``array`` takes is what ``_numbers`` takes, converted alike: for floats each number as a C
-    double, cast (a float beyond float32's range becomes inf); for integers each one must be a Python
-    int within the C type's range (a float, even 2.0, raises ``TypeError``; a value outside,
-    ``OverflowError``). Booleans after a number are ints to both.
-
-    Why: the general path's kind check, range check and cast are three or four calls into numpy's
-    Python code per tensor. For floats they took 22,400 of the 55,400 instructions that decoding
-    `tiny`'s body (16 floats) cost (``valgrind --tool=callgrind``); with this the body takes 40,400, and
-    6.8-8.8 us instead of 9.4-15.4 (``timeit``, three rounds alternating on a noisy host). For a
-    request of BERT's three inputs of 128 integers, 232,900 instructions instead of 365,700, and 28-32
-    us instead of 54-64 (docs/batching.md)."""
-    taken = _ONE_CALL.get(datatype)
-    if taken is None or not data or type(data[0]) is bool:
-        return None
-    typecode, dtype = taken
-    try:
-        return np.frombuffer(c_array(typecode, data), dtype)
-    except (TypeError, OverflowError):  # not a number there, a fraction for integers, out of range
-        return None
-
-
-# The element kinds numpy finds in JSON values that each datatype kind accepts: JSON has one kind of
-# number, so integers fit float tensors; nothing else converts (no "3" for 3, no null, no 2.5 for 2).
-_ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
-_KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "fractional numbers", "U": "strings"}
-
-
-def _numbers(data: list[Any], dtype: np.dtype, datatype: str) -> np.ndarray:
-    values = np.array(data)  # numpy reads the kind of the values (and the nesting) in C
-    found = values.dtype.kind
-    if found in "fO" and dtype.kind == "u" and dtype.itemsize == 8:
-        values = _uint64(data)  # integers beyond int64 next to small ones: numpy guessed float64
-        found = values.dtype.kind
-    elif found == "O" and dtype.kind == "f" and _all_numbers(values):
-        values = values.astype(np.float64)  # integers beyond 64 bits (``exact_document``): as orjson's
-        found = "f"
-    if dtype.kind in "iu" and values.size and found in "iufO":
-        limits = np.iinfo(dtype)  # before the kind: 1e20 is out of range, not a fraction
-        if found == "O" or values.min() < limits.min or values.max() > limits.max:
-            # named as the client wrote it, not as numpy's float of it (-1 beside 2**64 - 1)
-            problem = outside_range(np.array(data, dtype=object), dtype) or outside_range(values, dtype)
-            if problem:
-                raise ValueError(problem)
-    if values.size and found not in _ACCEPTED_KINDS[dtype.kind]:
-        what = _KIND_NAMES.get(found, "nulls, objects or a mix of kinds")
-        raise ValueError(f"the data holds {what}")
-    if dtype.kind != "f":  # booleans, or integers within the type's range (above): nothing can overflow
-        return values.astype(dtype, copy=False)
-    with np.errstate(over="ignore"):  # a float beyond the type's range is inf, as in a cast anywhere
-        return values.astype(dtype, copy=False)
-
-
-def _all_numbers(values: np.ndarray) -> bool:
-    """Numbers only (booleans count, as numpy counts them among floats); no strings, nulls or lists."""
-    return all(type(value) in (int, float, bool) for value in values.reshape(-1).tolist())
-
-
-def _uint64(data: list[Any]) -> np.ndarray:
-    """UINT64 values numpy cannot type by itself: accepted only if every one is an integer within
-    64 bits (else the objects, which the range and kind checks then name)."""
-    values = np.array(data, dtype=object)
-    if not all(type(value) is int and 0 <= value < 2**64 for value in values.reshape(-1).tolist()):
-        return values
-    return np.array(data, dtype=np.uint64)
-
-
-def _check_nested_lengths(name: str, shape: tuple[int, ...], data: list[Any]) -> None:
-    """Compare the nesting of ``data`` (along its first elements) with ``shape``; numpy checks the rest."""
-    level: Any = data
-    for depth, dim in enumerate(shape):
-        if not isinstance(level, list):
-            break
-        if len(level) != dim:
-            raise InvalidInput(
-                f"input {name!r}: 'data' has {len(level)} elements at depth {depth} but shape "
-                f"{list(shape)} says {dim}"
-            )
-        if not level:
-            return
-        level = level[0]
-    if isinstance(level, list):
-        raise InvalidInput(f"input {name!r}: 'data' is nested deeper than shape {list(shape)}")
-
-
-def _bytes_array(data: list[Any]) -> np.ndarray:
-    flat = np.array(data, dtype=object).reshape(-1)
-    out = np.empty(flat.shape[0], dtype=object)
-    for index, element in enumerate(flat):
-        if isinstance(element, str):
-            out[index] = element.encode("utf-8")
-        else:
-            raise TypeError(f"BYTES elements must be strings in JSON, found {_json_type(element)}")
-    return out
-
-
 def _decode_requested_outputs(raw: Any) -> list[RequestedOutput] | None:
     if raw is None or raw == []:  # an empty list asks for nothing in particular: every output, as gRPC
         return None
     if not isinstance(raw, list):
-        raise InvalidInput(f"'outputs' must be a list, not {_json_type(raw)}")
+        raise InvalidInput(f"'outputs' must be a list, not {json_type(raw)}")
     requested = []
     for position, item in enumerate(raw):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
@@ -644,7 +425,7 @@ def _parameters(raw: Any, where: str) -> Parameters:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise InvalidInput(f"{where} must be a JSON object, not {_json_type(raw)}")
+        raise InvalidInput(f"{where} must be a JSON object, not {json_type(raw)}")
     return raw
 
 
@@ -681,36 +462,3 @@ def response_document(response: InferResponse, binary_sizes: dict[str, int]) -> 
     if response.parameters:
         document["parameters"] = response.parameters
     return document
-
-
-def array_to_json(name: str, array: np.ndarray) -> Any:
-    """Flat JSON data for an array: the array itself (orjson encodes it) or a list of strings."""
-    if array.dtype == object or array.dtype.kind in ("S", "U"):
-        return [_bytes_to_str(name, element) for element in array.reshape(-1)]
-    return array.ravel()  # flat and contiguous (orjson encodes only those), a view when it can be
-
-
-def _bytes_to_str(name: str, element: Any) -> str:
-    if isinstance(element, bytes):
-        try:
-            return element.decode("utf-8")
-        except UnicodeDecodeError:
-            raise InvalidInput(
-                f"output {name!r} holds bytes that are not UTF-8 text and cannot be sent as JSON; "
-                "ask for it with the binary data extension"
-            ) from None
-    return str(element)
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    return "an object"

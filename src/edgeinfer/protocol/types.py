@@ -6,7 +6,7 @@ Tensors are numpy arrays: BYTES tensors are object arrays of ``bytes``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,12 +40,25 @@ class TensorSpec:
         return metadata
 
 
-@dataclass(slots=True)
 class RequestedOutput:
     """An output the client asked for, with its per-output parameters (e.g. ``binary_data``)."""
 
-    name: str
-    parameters: Parameters = field(default_factory=dict)
+    __slots__ = ("name", "parameters")
+
+    def __init__(self, name: str, parameters: Parameters | None = None) -> None:
+        self.name = name
+        self.parameters: Parameters = {} if parameters is None else parameters
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RequestedOutput):
+            return NotImplemented
+        return self.name == other.name and self.parameters == other.parameters
+
+    def __repr__(self) -> str:
+        return f"RequestedOutput(name={self.name!r}, parameters={self.parameters!r})"
+
+    def __reduce__(self) -> tuple[type[RequestedOutput], tuple[str, Parameters]]:  # compiled: none of its own
+        return (RequestedOutput, (self.name, self.parameters))
 
 
 class InferRequest:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgeinfer.config import FallbackConfig
+from edgeinfer.model_config import FallbackConfig
 
 log = logging.getLogger("edgeinfer.ladder")
 

@@ -17,8 +17,8 @@ import numpy as np
 
 from edgeinfer.backends import Backend, LoadContext, can_batch, load_backend, python
 from edgeinfer.batching.policy import BatchPolicy
-from edgeinfer.config import WarmupConfig
 from edgeinfer.errors import InvalidInput, ModelLoadError, RowsMismatch, RuntimeRejected
+from edgeinfer.model_config import WarmupConfig
 from edgeinfer.protocol import json_codec
 from edgeinfer.protocol.datatypes import numpy_dtype
 from edgeinfer.protocol.types import TensorSpec
@@ -76,7 +76,7 @@ def batch_policy(source: ModelSource, backend: Backend) -> BatchPolicy:
         )
     return BatchPolicy(
         max_batch_size=max_batch_size,
-        max_queue_delay_s=(config.batch_timeout_millis or 0.0) / 1000,
+        max_queue_delay_s=(config.batch_timeout_ms or 0.0) / 1000,
         adaptive=config.adaptive_batching,
         preferred_batch_sizes=tuple(size for size in config.preferred_batch_sizes if size <= max_batch_size),
     )

@@ -27,9 +27,9 @@ from edgeinfer.backends import Backend, LoadContext
 from edgeinfer.batching.batcher import Batcher, BatchSpans
 from edgeinfer.batching.policy import BatchPolicy
 from edgeinfer.batching.recorder import BatchRecorder
-from edgeinfer.config import ModelConfig
 from edgeinfer.errors import ModelEvicted, ModelLoadError, ModelNotFound
 from edgeinfer.metrics import Metrics, VersionGauges
+from edgeinfer.model_config import ModelConfig
 from edgeinfer.protocol.types import Parameters
 from edgeinfer.repository.loader import LoadedModel, load_model, warm_up
 from edgeinfer.repository.sources import ModelSource
@@ -284,7 +284,7 @@ class Registry:
         runner = backend.runner(settings)
         limits = QueueLimits(
             max_queue_size=config.max_queue_size,
-            queue_timeout_s=config.queue_timeout_millis / 1000 if config.queue_timeout_millis else None,
+            queue_timeout_s=config.queue_timeout_ms / 1000 if config.queue_timeout_ms else None,
             slo_s=config.slo.target_s if config.slo is not None else None,
             slo_quantile=config.slo.quantile if config.slo is not None else 0.99,
         )

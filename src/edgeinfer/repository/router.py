@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 
-from edgeinfer.config import RouteVariant
 from edgeinfer.errors import EdgeInferError, ModelEvicted, ModelNotFound, ModelNotReady
 from edgeinfer.metrics import LadderGauges
+from edgeinfer.model_config import RouteVariant
 from edgeinfer.repository.ladder import Ladder
 from edgeinfer.repository.registry import ModelState, ModelVersion, Registry, version_key
 from edgeinfer.repository.routes import Route

@@ -21,7 +21,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
 
-from edgeinfer.config import RouteVariant
+from edgeinfer.model_config import RouteVariant
 
 _SCALE = float(2**32)
 

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.config import Config, ModelConfig, parse, parse_model_config, read_yaml_mapping
+from edgeinfer.config import Config
+from edgeinfer.config_file import parse, parse_model_config, read_yaml_mapping
 from edgeinfer.errors import ConfigError, InvalidInput, ModelNotFound, PermissionDenied
+from edgeinfer.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 

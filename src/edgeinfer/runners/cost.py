@@ -9,13 +9,11 @@ pay, run batches of one, and never learn otherwise. While one size has been seen
 be told apart, and the estimate is proportional to rows. Pure arithmetic: no clock, no event loop.
 
 One slow batch must not bend the line for long, because the line decides whether merging pays, and
-while it says no only batches of one run, so nothing measured corrects it. Batches are measured slow,
-never fast, for reasons that are not the model's: the first run of a shape (ONNX Runtime plans its
-memory then), a run preempted by the load generator on the same cores. A line bent that way stayed
-bent: `tiny` served with an SLO, 3 of 21 fresh servers fitted 6-98 us per row and no fixed cost from
-a few such batches (in one, warmup's batch of 32 at 303 us, 10 times its later cost), ran every
-request alone and answered at p50 1.37-1.51 ms at 13,345 requests/s where the others took 0.60-0.73
-ms (docs/batching.md). So:
+while it says no only batches of one run, so nothing measured corrects it (a fresh server could settle
+on running every request alone: docs/design/batching-experiments.md, "Not stuck on one slow batch";
+docs/design/batcher.md, "Merge trials"). Batches are measured slow, never fast, for reasons that are
+not the model's: the first run of a shape (ONNX Runtime plans its memory then), a run preempted by
+another process on the same cores. So:
 
 * a size's first batch is provisional: the second sets its average to the faster of the two;
 * from then on a batch counts at most ``CLIP`` times the size's average (a real slowdown still moves

@@ -3,27 +3,24 @@
 Handing a batch to a worker thread and back (the *hop*: the executor's queue, a thread wake-up, the
 result's trip back to the loop) costs tens of microseconds of latency and loop time, more on a slow
 machine. A batch that computes in less than the hop costs is better run on the event loop: it blocks
-the loop for less time than the hop would take. Both sides are measured, not configured:
+the loop for less time than the hop would take. Both sides are measured, not configured (why each rule,
+and what the alternatives did: docs/design/inline-execution.md):
 
 * the hop: each batch that went to a thread alone (no other batch queued in the runner), twice the
   time from hand-over until the thread started it (the way back, a wake-up of the loop, mirrors the way
-  out); the least of the last ``HOP_SAMPLES``. It is measured on the way out only: the way back also
-  waits for whatever the loop is busy with, and a limit raised by a busy loop let slow batches run on
-  the loop, which made it busier (a 1.6 s batch of the tests' slow model ran inline). The least
-  sample, because one above it waited for the CPU (a busy machine, a thread being started);
+  out); the least of the last ``HOP_SAMPLES``, because one above it waited for the CPU. On the way out
+  only: the way back also waits for whatever the loop is busy with, and a limit raised by a busy loop
+  lets slow batches run on the loop, which makes it busier;
 * a batch's inline compute time: the median of the last ``INLINE_SAMPLES`` batches of its size run
-  inline. Not a moving average: one inline batch that waited for the GIL (another thread of the
-  process busy for milliseconds: a span exporter encoding, a Python model) weighed enough in an
-  average to send the size to threads, and it never came back (below).
+  inline, not a moving average, in which one inline batch that waited for the GIL (another thread of
+  the process busy for milliseconds) could send the size to threads for good.
 
 The rule compares the two: inline when the inline time of this size is at most the hop. Before a size
 has run inline its estimate is the thread-measured time, which is often higher (the loop thread
-competes for the CPU meanwhile); deciding on that alone is what made the choice bistable (a process
-that started in threads measured slow batches and stayed in threads). So a size whose thread-measured
-time is within ``TRIAL_WITHIN`` hops runs inline once to measure, at once and then every
-``TRIAL_EVERY`` batches sent to threads: the outcome then depends on the model's inline time against
-the hop, not on where the process started, nor on a few unlucky inline batches. A trial blocks the loop
-for at most a few hops, once in hundreds of batches.
+competes for the CPU meanwhile). So a size whose thread-measured time is within ``TRIAL_WITHIN`` hops
+runs inline once to measure, at once and then every ``TRIAL_EVERY`` batches sent to threads: the
+outcome then depends on the model's inline time against the hop, not on where the process started. A
+trial blocks the loop for at most a few hops, once in hundreds of batches.
 
 Pure arithmetic, no clock: the thread runner tells it what happened and asks before each batch.
 """

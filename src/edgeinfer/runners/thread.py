@@ -4,16 +4,14 @@ Handing a batch to a worker thread and back costs tens of microseconds of latenc
 whose batches take less than that (a small MLP, a tree ensemble) the hop is most of the request, so a
 batch runs directly on the event loop when ``InlineChoice`` (``inline.py``: the measured hop against the
 measured inline time) says so and no other batch of this runner is in a thread. Only runners whose code
-never blocks allow it (ONNX Runtime on the CPU); Python models never run inline.
+never blocks allow it (ONNX Runtime on the CPU); Python models never run inline
+(docs/design/inline-execution.md).
 
 ``concurrency`` worker threads compute one batch each; up to ``prefetch`` more batches wait in the
 executor's queue, and a thread that finishes a batch takes the next one itself, at once, even if the
 event loop is busy decoding a large request just then. The same thread, not a second one woken for it:
-with the prefetched batch waiting in a thread of its own for a compute slot (a semaphore), the model's
-runs took 5.6-6.0 ms of wall time for 4.8-5.0 ms of CPU under load (the woken thread waited for a core)
-and `cnn` over JSON at concurrency 8 served 167-177 images/s with that prefetching, 177-189 without
-any, 211-216 with this (in-process ONNX Runtime: 214). A thread that does not sleep between batches
-does not wait to be scheduled again.
+a thread that does not sleep between batches does not wait to be scheduled again (docs/design/batcher.md,
+"Forming batches ahead"; a thread of its own per prefetched batch was slower than no prefetching).
 """
 
 from __future__ import annotations

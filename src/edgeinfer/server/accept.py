@@ -1,21 +1,14 @@
 """Accepting TCP connections: every connection waiting, each time the listening socket is ready.
 
-Why not ``loop.create_server``: libuv, the core of uvloop, accepts one connection per event loop
-iteration since its version 1.45 (libuv pull request 3696: a second ``accept`` mostly fails with
-EAGAIN, and greedy accepting starved other processes sharing a socket). Under load one iteration of
-the server's loop takes a millisecond or more, so a burst of new connections waited in the kernel's
-accept queue an iteration each. Measured with `bench/loadgen.py` offering `tiny` 19,000 requests/s
-(about twice what it sustains on the 2-core VM) while it opened its connections: the listening
-socket's queue held up to 606 connections, drained at about 1,000 a second, and the first requests of
-those connections were answered up to 1.1 s after they were sent, while the server itself counted a
-few milliseconds for them (it cannot see that queue). Accepting them all at once, the queue held at
-most 89-112 connections and the slowest answer came 0.23 and 0.47 s after it was due (two runs), the
-wait now in the server, where admission sees it. So every
-connection waiting is accepted when the socket is ready, as asyncio's own event loop does, up to
+Every connection waiting is accepted when the socket is ready, as asyncio's own event loop does, up to
 ``ACCEPT_AT_ONCE`` (the socket is level-triggered: the rest come in the next iteration, after the
 requests read meanwhile). Not on the one listening socket that workers share (docs/deployment.md):
-there each worker accepts one connection each time round, as libuv does, so that an idle worker, whose
-loop comes round sooner, takes most of a burst.
+there each worker accepts one connection each time round, so that an idle worker, whose loop comes
+round sooner, takes most of a burst.
+
+Why not ``loop.create_server``: libuv, the core of uvloop, accepts one connection per event loop
+iteration, so under load a burst of new connections waits in the kernel's accept queue, out of
+admission's sight (docs/design/accept-and-idle-poll.md).
 """
 
 from __future__ import annotations

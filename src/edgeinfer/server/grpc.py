@@ -1,7 +1,7 @@
 """The gRPC adapter: ``inference.GRPCInferenceService`` on grpc.aio, the only module importing grpc.
 
 Like the HTTP adapter it only converts: protobuf to core types (``protocol.grpc_codec``), core errors to
-status codes (``CODE_BY_ERROR``, looked up along the MRO, with the same messages as HTTP). Handlers are
+status codes (``grpc_errors``, with the same messages as HTTP). Handlers are
 registered under Triton's service path with our own message classes (see proto/edgeinfer_grpc_v2.proto
 for why), and a body that does not parse as the expected message is answered INVALID_ARGUMENT.
 
@@ -34,19 +34,9 @@ from edgeinfer.control.parsing import parse_override
 from edgeinfer.control.plane import ControlPlane
 from edgeinfer.errors import (
     EdgeInferError,
-    InferenceFailed,
     InvalidInput,
-    ModelLoadError,
-    ModelNotFound,
-    ModelNotReady,
-    PayloadTooLarge,
-    PermissionDenied,
     RequestCancelled,
-    RequestTimeout,
     ServerBusy,
-    Superseded,
-    TooLarge,
-    Unauthenticated,
 )
 from edgeinfer.errors import describe as describe_error
 from edgeinfer.head import RequestHead
@@ -54,64 +44,13 @@ from edgeinfer.protocol import grpc_codec, json_codec
 from edgeinfer.protocol.grpc_gen import edgeinfer_grpc_v2_pb2 as pb
 from edgeinfer.protocol.grpc_gen import edgeinfer_rollouts_pb2 as rollouts_pb
 from edgeinfer.server.auth import GRPC_ROUTES, Guard, presented_key
+from edgeinfer.server.grpc_errors import abort
 from edgeinfer.service import InferenceCall, InferenceService
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 ROLLOUT_SERVICE_NAME = "edgeinfer.rollouts.v1.RolloutService"
-
-CODE_BY_ERROR: dict[type[BaseException], grpc.StatusCode] = {
-    ModelLoadError: grpc.StatusCode.INVALID_ARGUMENT,
-    PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    TooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
-    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
-    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
-    ModelNotFound: grpc.StatusCode.NOT_FOUND,
-    ModelNotReady: grpc.StatusCode.UNAVAILABLE,
-    ServerBusy: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    RequestTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
-    RequestCancelled: grpc.StatusCode.CANCELLED,
-    Superseded: grpc.StatusCode.ABORTED,
-    InferenceFailed: grpc.StatusCode.INTERNAL,
-    EdgeInferError: grpc.StatusCode.INTERNAL,
-}
-
-
-def code_for(error: BaseException) -> grpc.StatusCode:
-    for cls in type(error).__mro__:
-        code = CODE_BY_ERROR.get(cls)
-        if code is not None:
-            return code
-    return grpc.StatusCode.INTERNAL
-
-
-PUSHBACK = "grpc-retry-pushback-ms"
-
-
-def retry_pushback(error: BaseException, code: grpc.StatusCode) -> str | None:
-    """The ``grpc-retry-pushback-ms`` trailer for a RESOURCE_EXHAUSTED answer (gRFC A6, which gRPC clients
-    with a retry policy obey): a refusal for load says when the work ahead should be done, as HTTP's
-    Retry-After does; one for the request's size says not to retry (-1), as the same request would be
-    refused again. None for any other answer."""
-    if isinstance(error, ServerBusy):
-        return str(error.retry_after_ms)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return "-1"
-    return None
-
-
-async def abort(context: grpc.aio.ServicerContext, error: BaseException) -> None:
-    """End the call with the error's status and message, and the retry pushback where there is one
-    (added to the trailing metadata already set, such as the request id)."""
-    code = code_for(error)
-    pushback = retry_pushback(error, code)
-    if pushback is None:
-        await context.abort(code, describe_error(error))
-    else:
-        trailing = (*(context.trailing_metadata() or ()), (PUSHBACK, pushback))
-        await context.abort(code, describe_error(error), trailing)
 
 
 class _Malformed:
@@ -314,21 +253,21 @@ class GrpcServer:
         return pb.ServerReadyResponse(ready=self.service.ready())
 
     async def model_ready(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self.service.model_ready(request.name, request.version or None))
+        return pb.ModelReadyResponse(ready=self.service.models.ready(request.name, request.version or None))
 
     async def server_metadata(
         self, request: pb.ServerMetadataRequest, context: Any
     ) -> pb.ServerMetadataResponse:
-        return grpc_codec.from_dict(self.service.server_metadata(), pb.ServerMetadataResponse())
+        return grpc_codec.from_dict(self.service.models.server(), pb.ServerMetadataResponse())
 
     async def model_metadata(
         self, request: pb.ModelMetadataRequest, context: Any
     ) -> pb.ModelMetadataResponse:
-        metadata = self.service.model_metadata(request.name, request.version or None)
+        metadata = self.service.models.metadata(request.name, request.version or None)
         return grpc_codec.from_dict(metadata, pb.ModelMetadataResponse())
 
     async def model_config(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
-        config = self.service.model_config(request.name, request.version or None)
+        config = self.service.models.config(request.name, request.version or None)
         return grpc_codec.from_dict({"config": config}, pb.ModelConfigResponse())
 
     async def model_statistics(

@@ -25,7 +25,7 @@ from edgeinfer.server.http_errors import (
     response_for_error,
 )
 from edgeinfer.server.http_infer import HttpInference
-from edgeinfer.server.http_protocol import Answer, HttpRequest, HttpResponse
+from edgeinfer.server.http_messages import Answer, HttpRequest, HttpResponse
 from edgeinfer.server.http_routes import ALIASES, METRICS_PORT, ROUTES, Match, RouteTable
 from edgeinfer.service import InferenceService
 
@@ -136,7 +136,7 @@ class V2Routes(_Dispatch):
         return self.inference.infer(request, args[0], args[1] if len(args) > 1 else None)
 
     def server_metadata(self, request: HttpRequest, args: list[str]) -> Answer:
-        return _json(200, self.service.server_metadata())
+        return _json(200, self.service.models.server())
 
     def live(self, request: HttpRequest, args: list[str]) -> Answer:
         return _json(200, {"live": self.service.live()})
@@ -150,18 +150,18 @@ class V2Routes(_Dispatch):
         return _json(200 if ready else 503, {"status": "ready" if ready else "not ready"})
 
     def model_metadata(self, request: HttpRequest, args: list[str]) -> Answer:
-        return _json(200, self.service.model_metadata(*_model(args)))
+        return _json(200, self.service.models.metadata(*_model(args)))
 
     def model_ready(self, request: HttpRequest, args: list[str]) -> Answer:
         name, version = _model(args)
-        ready = self.service.model_ready(name, version)
+        ready = self.service.models.ready(name, version)
         return _json(200 if ready else 503, {"name": name, "ready": ready})
 
     def model_config(self, request: HttpRequest, args: list[str]) -> Answer:
-        return _json(200, self.service.model_config(*_model(args)))
+        return _json(200, self.service.models.config(*_model(args)))
 
     def model_inspect(self, request: HttpRequest, args: list[str]) -> Answer:
-        return _json(200, self.service.model_inspect(*_model(args)))
+        return _json(200, self.service.models.inspect(*_model(args)))
 
     def status_page(self, request: HttpRequest, args: list[str]) -> Answer:
         return HttpResponse(200, status_page(), content_type=b"text/html; charset=utf-8")

@@ -25,7 +25,7 @@ from edgeinfer.errors import (
 from edgeinfer.errors import describe as describe_error
 from edgeinfer.protocol import json_codec
 from edgeinfer.server.auth import Guard, presented_key
-from edgeinfer.server.http_protocol import HttpRequest, HttpResponse
+from edgeinfer.server.http_messages import HttpRequest, HttpResponse
 from edgeinfer.server.http_routes import OPEN, Role
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from edgeinfer.protocol import http_binary, json_codec, json_scan
 from edgeinfer.protocol.types import InferRequest, InferResponse
 from edgeinfer.server import http_compression
 from edgeinfer.server.http_errors import response_for_error
-from edgeinfer.server.http_protocol import Answer, Deferred, DoneNow, HttpRequest, HttpResponse
+from edgeinfer.server.http_messages import Answer, Deferred, DoneNow, HttpRequest, HttpResponse
 from edgeinfer.server.offload import OffloadThread
 from edgeinfer.service import InferenceCall, InferenceService, new_request_id
 

@@ -1,15 +1,14 @@
 """Poll the sockets for a moment after the last answer instead of sleeping at once.
 
 Why: a loop with nothing to do sleeps in ``epoll_wait``, and its CPU goes idle; the next request then
-waits for that CPU to wake. On a virtual machine that wake is tens of microseconds, as much as a small
-model's whole request: uvloop answering fixed bytes to wrk at concurrency 1 took 59 us p50 sleeping
-between requests and 21 us while polling (2-core VM, docs/batching.md). A client that sends its next
-request as soon as it has the answer (concurrency 1, a pipeline's steps) pays that wake every time.
+waits for that CPU to wake, which on a virtual machine is as much as a small model's whole request, and
+a client that sends its next request as soon as it has the answer (concurrency 1, a pipeline's steps)
+pays that wake every time (docs/design/accept-and-idle-poll.md).
 
 How long: polling costs the CPU it spins, so it is bounded by what it serves. ``SpinWindow`` polls at
 most as long as the loop's own work on the answers before it took (polling never more than doubles the
 loop's CPU, and costs nothing while traffic is sparse), at most twice the gaps it has caught (requests
-that come back in 20 us need no 200 us of polling), and only while it catches most of them: when fewer
+that come back soon need no long polling), and only while it catches most of them: when fewer
 than half of the polled gaps end within the window, it stops, and tries again every ``PROBE_EVERY``
 idle periods. Everything it decides on is measured here, per process; nothing is a machine-speed
 constant.
@@ -93,9 +92,9 @@ class IdlePoll:
     when, and the decision (the work measured, the window) is made once, at the start of the next
     iteration, before the loop polls its sockets again. Under load one iteration reads and answers
     many requests, each answer leaving nothing in flight for a moment (a refusal, a model run inline);
-    deciding at each of them cost `tiny`'s event loop a tenth of its time under an overload of
-    refusals (cProfile), and counted the next socket's request, read microseconds later in the same
-    iteration, as a gap the polling had caught."""
+    deciding at each of them cost the loop a share of its time under an overload of refusals, and counted
+    the next socket's request, read microseconds later in the same iteration, as a gap the polling had
+    caught (docs/design/accept-and-idle-poll.md)."""
 
     def __init__(self, working: Callable[[], bool] = lambda: False) -> None:
         self.policy = SpinWindow()

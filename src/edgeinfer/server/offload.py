@@ -4,18 +4,15 @@ unless that starves the work.
 Why below: under overload the event loop, the inference threads, this thread and often the client
 share the cores. A decode that waits delays only its own request; the loop waiting delays every
 refusal. A ``SCHED_IDLE`` thread (Linux) gives the CPU up at once to any other thread that wakes,
-where nice +10 only lowers its share. `cnn` at twice what it sustains (255/s, SLO 370 ms, 10 s steps,
-three rounds alternating on fresh servers) refused at p99 6.0-6.6 ms from an idle thread and 7.4-9.1 ms
-from a nice +10 one; the load generator itself, on the same two cores, sent late by p99 2.2-2.7 ms
-against 3.7-3.9 ms (docs/batching.md, "Decoding off the loop").
+where nice +10 only lowers its share (docs/design/json-scan.md; docs/design/batching-experiments.md,
+"Decoding off the loop").
 
-Why not always: against a normal thread a ``SCHED_IDLE`` one has a share of 3 to 1024. With two other
-processes spinning on the same 2-core VM, a request with a 1.6 MB JSON image took 1.2-2.2 s with the
-thread idle, and 20-71 ms with it at nice +10. So each run measures its wall time against its own CPU
+Why not always: against a normal thread a ``SCHED_IDLE`` one has a share of 3 to 1024, so while other
+processes keep every CPU busy it barely runs. So each run measures its wall time against its own CPU
 time (``Starvation``): while the idle thread's runs take many times their CPU time (and milliseconds
 more), the work goes to a nice +10 thread, and it goes back once that thread's runs find the CPU free
-again. Ratios, not
-durations: what a run costs differs by machine and body, how much of the CPU it got does not.
+again. Ratios, not durations: what a run costs differs by machine and body, how much of the CPU it got
+does not.
 """
 
 from __future__ import annotations
@@ -47,8 +44,8 @@ class Starvation:
     a short run held up by the loop (its result waits for the loop's next iteration) weighs as little
     as the work it did. ``shortest_wait_s``: less waiting than this, in the sums, moves nothing
     whatever the ratio: the hop to the thread and back, and a thread's first start, cost a fixed
-    fraction of a millisecond, many times the CPU of a small run (in a container, a first run of a few
-    microseconds came back after 0.5 ms). Starts on the idle thread."""
+    fraction of a millisecond, many times the CPU of a small run (docs/design/json-scan.md). Starts on
+    the idle thread."""
 
     def __init__(self, shortest_wait_s: float) -> None:
         self.starved = False  # the idle thread does not get the CPU: runs go to the low one
@@ -91,7 +88,7 @@ class OffloadThread:
         have started (submitted, or when the run before it on the same thread was done: waiting behind
         other work is not starvation) to when the loop has its result: a ``SCHED_IDLE`` thread that has
         run for a while waits long for its next turn, which may come after its work is done and before
-        its result is handed over (measured from 2.5 ms of work: 0.8-1.0 s)."""
+        its result is handed over (docs/design/json-scan.md)."""
         on_idle = not self.starvation.starved
         worker = self._worker(on_idle)
         submitted = time.perf_counter()

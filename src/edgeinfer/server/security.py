@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from edgeinfer.config import ServerConfig
 from edgeinfer.metrics import Metrics
 from edgeinfer.server.auth import Guard, KeyRing, is_loopback
-from edgeinfer.server.http_protocol import EarlyHandler, ErrorResponder, Handler, HttpLimits, HttpServer
+from edgeinfer.server.http_messages import EarlyHandler, ErrorResponder, Handler, HttpLimits
+from edgeinfer.server.http_protocol import HttpServer
 from edgeinfer.server.idle_poll import IdlePoll
 from edgeinfer.server.tls import TlsFiles
 

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.batching.stats import merge_statistics
-from edgeinfer.config import CanaryConfig
 from edgeinfer.control.local import canaries_acting_on
 from edgeinfer.control.scope import MUTATING
 from edgeinfer.dashboard import RECENT_ERRORS
 from edgeinfer.errors import EdgeInferError, ModelNotFound
 from edgeinfer.exposition import exposition, sum_process_stats
 from edgeinfer.metrics import Metrics, WorkerGauges, merge, process_stats
+from edgeinfer.model_config import CanaryConfig
 from edgeinfer.supervisor.ipc import Channel
 
 log = logging.getLogger(__name__)

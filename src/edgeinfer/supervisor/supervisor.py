@@ -50,7 +50,8 @@ from edgeinfer.metrics import Metrics
 from edgeinfer.repository.poller import RepositoryPoller
 from edgeinfer.server.http import MetricsRoutes
 from edgeinfer.server.http_errors import error_response
-from edgeinfer.server.http_protocol import HttpRequest, HttpResponse, HttpServer
+from edgeinfer.server.http_messages import HttpRequest, HttpResponse
+from edgeinfer.server.http_protocol import HttpServer
 from edgeinfer.server.security import Security
 from edgeinfer.supervisor.cluster import ClusterScope, Worker
 from edgeinfer.supervisor.ipc import Channel, Handler
