@@ -58,6 +58,7 @@ COMPILED = [
     "edgeinfer/server/http_protocol.py",
     "edgeinfer/server/http_routes.py",
     "edgeinfer/service.py",
+    "edgeinfer/turn_refusals.py",
     "edgeinfer/validation.py",
 ]
 

@@ -417,7 +417,7 @@ def start_tracing(config: TracingConfig) -> Tracing | None:
     """OpenTelemetry tracing when the config turns it on (imported only then: the SDK costs memory)."""
     if not config.enabled or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
-    try:
+    try:  # the optional OpenTelemetry SDK
         from edgeinfer import tracing
     except ImportError as exc:
         raise missing(exc, "tracing.enabled") or ConfigError(

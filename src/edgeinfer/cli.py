@@ -115,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "inspect":
         return inspect_model(args)
     if args.command == "optimize":
+        # lazy, as every command's own modules: `edgeinfer --version` and `--help` load none of them
         from edgeinfer.optimize import main as optimize_main
 
         return optimize_main(args)
@@ -125,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def api_key() -> int:
+    # lazy: only this command needs it
     from edgeinfer.server.auth import new_key
 
     key, hex_digest = new_key()
@@ -138,6 +140,7 @@ def inspect_model(args: argparse.Namespace) -> int:
     import json
     import os
 
+    # lazy: ONNX Runtime is loaded only when this command runs
     from edgeinfer.backends.onnxruntime import inspect_file
 
     if not os.path.isfile(args.model):
@@ -195,7 +198,7 @@ def _report_compiled() -> None:
     or Python's headers it runs as Python, about a third slower per small request, and nothing else
     would tell. Warn when a checkout's compiled modules are older than their sources (they run the old
     code)."""
-    from edgeinfer import native
+    from edgeinfer import native  # lazy: only when serving
 
     log = logging.getLogger("edgeinfer")
     compiled, stale = native.survey()
@@ -212,11 +215,11 @@ def _report_compiled() -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    # Imported here so that `edgeinfer --version` and `--help` answer without loading the server.
+    # lazy imports: `edgeinfer --version` and `--help` answer without loading the server
     from edgeinfer.app import Server
     from edgeinfer.config_file import load_config
-    from edgeinfer.errors import ConfigError, ModelLoadError, startup_failure
-    from edgeinfer.logs import setup_logging
+    from edgeinfer.errors import ConfigError, ModelLoadError, startup_failure  # lazy
+    from edgeinfer.logs import setup_logging  # lazy
 
     overrides = {
         "model_store_path": args.model_repository,

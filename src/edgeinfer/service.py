@@ -42,6 +42,7 @@ from edgeinfer.repository.residency import Residency
 from edgeinfer.repository.router import Router
 from edgeinfer.runners import Tensors, Work
 from edgeinfer.shadow import Shadows
+from edgeinfer.turn_refusals import TurnRefusals
 from edgeinfer.validation import (
     RequestLimits,
     check_request,
@@ -69,18 +70,6 @@ def new_request_id() -> str:
     The counter is written in decimal: compiled, ``f"{n:x}"`` goes through ``str.format``, several times
     slower (docs/design/mypyc.md)."""
     return f"{_REQUEST_PREFIX}-{next(_request_numbers)}"
-
-
-class _TurnRefusal:
-    """The first request of a loop iteration refused before decoding for its wait, with its error and
-    the batcher that refused it (``InferenceService.refused_again``)."""
-
-    __slots__ = ("batcher", "outcome", "refusal")
-
-    def __init__(self, batcher: Batcher, refusal: ServerBusy, outcome: Outcome) -> None:
-        self.batcher = batcher
-        self.refusal = refusal
-        self.outcome = outcome
 
 
 class InferenceService:
@@ -114,7 +103,7 @@ class InferenceService:
         self.traced = tracing is not None
         # by (protocol, model, version asked for): this loop iteration's first refusal before decoding,
         # until it is recorded (``refused_again``)
-        self._turn_refusals: dict[tuple[str, str, str | None], _TurnRefusal] = {}
+        self._turn_refusals = TurnRefusals()
 
     def set_ready(self, ready: bool) -> None:
         """Called by the server once every model is loaded and warmed up (and False on shutdown)."""
@@ -203,28 +192,15 @@ class InferenceService:
             and self._tracing is None
             and batcher.refuses_turn(refusal)
         ):
-            key = (outcome.protocol, outcome.model, outcome.version)
-            self._turn_refusals[key] = _TurnRefusal(batcher, refusal, outcome)
+            self._turn_refusals.remember(batcher, refusal, outcome)
         return entry, refusal
 
     def refused_again(self, protocol: str, model: str, version: str | None) -> ServerBusy | None:
-        """The refusal of a request for a model one of whose requests this loop iteration already
-        refused before decoding for its wait (``Batcher.refuse_again``: this one waited longer still),
-        or None (then it goes the usual way: ``call``). Such a request is neither judged nor recorded on
-        its own: it counts with that first one (``Outcome.repeats``), every one in the metrics and
-        statistics; the first one's access log line gives their number, and the recent errors list the
-        first one only. Under overload refusals are most of the event loop's work, and one counted with
-        the first costs the loop much less than one recorded on its own (docs/design/admission.md;
-        docs/design/batching-experiments.md, "Refusals counted together"). Not while tracing: each
-        request's span is its own."""
-        turns = self._turn_refusals
-        if not turns:
-            return None
-        turn = turns.get((protocol, model, version))
-        if turn is None or not turn.batcher.refuse_again(turn.refusal):
-            return None
-        turn.outcome.repeats += 1
-        return turn.refusal
+        """The refusal of a request whose loop iteration already refused one for its model before
+        decoding, for its wait (``turn_refusals.py``), or None: then it goes the usual way (``call``).
+        It counts with that first one, every one in the metrics and statistics; the first one's access
+        log line gives their number, the recent errors list the first one only. Not while tracing."""
+        return self._turn_refusals.again(protocol, model, version)
 
     def record(self, outcome: Outcome) -> None:
         """Count a finished request and log it, once the loop iteration's answers are written
@@ -235,12 +211,7 @@ class InferenceService:
     def _record(self, outcome: Outcome) -> None:
         total_s = outcome.ended - outcome.started
         status = "success" if outcome.error is None else status_label(outcome.error)
-        turns = self._turn_refusals
-        if turns:  # a first refusal's repeats are counted now: later ones go the usual way
-            key = (outcome.protocol, outcome.model, outcome.version)
-            turn = turns.get(key)
-            if turn is not None and turn.outcome is outcome:
-                del turns[key]
+        self._turn_refusals.recorded(outcome)
         times = 1 + outcome.repeats
         metrics = outcome.metrics
         if metrics is None:  # it failed before reaching a model version

@@ -209,7 +209,7 @@ class ProcessBackend:
     ep_coverage: Mapping[str, float] = MappingProxyType({})  # no execution providers
 
     def __init__(self, factory: ModelFactory, name: str, config: ModelConfig) -> None:
-        # multiprocessing's connections cost 2 MiB of RSS: imported only by servers that use processes
+        # a lazy import: multiprocessing's connections cost 2 MiB of RSS, paid only by servers that use them
         from edgeinfer.runners.process import ChildPool, ProcessRunner
 
         self._pool = ChildPool(ChildModel(factory, name, config.max_batch_size), name, config.instances)

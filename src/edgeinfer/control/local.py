@@ -28,7 +28,31 @@ from edgeinfer.repository.sources import ModelSource
 from edgeinfer.shadow import Shadows
 
 
-class LocalScope:
+class CanaryHost:
+    """The canary operations of a scope that may run the canaries (the whole server's: this process
+    alone, or the supervisor), and their start and stop."""
+
+    _canaries: Canaries | None
+
+    async def start(self) -> None:
+        """Once the models are loaded (every worker serves): resume or start the canaries."""
+        if self._canaries is not None:
+            await self._canaries.start()
+
+    async def stop(self) -> None:
+        if self._canaries is not None:
+            await self._canaries.stop()
+
+    async def canaries(self) -> dict[str, Any]:
+        return self._canaries.states() if self._canaries is not None else {}
+
+    async def canary(self, name: str, action: str) -> dict[str, Any]:
+        if self._canaries is None:
+            raise ModelNotFound(f"model {name!r} has no canary (canaries.{name} in the config)")
+        return await self._canaries.act(name, action)
+
+
+class LocalScope(CanaryHost):
     """``Scope`` over this process's core. ``discover(name, override)`` reads one model's versions from
     the repository (blocking I/O: run off the event loop); ``errors`` is the ring the service records
     failed requests in."""
@@ -55,15 +79,6 @@ class LocalScope:
         self._started_at = time.time()
         self._canaries = canaries_acting_on(self, canaries, state_dir) if canaries else None
 
-    async def start(self) -> None:
-        """Once the models are loaded: resume or start the canaries."""
-        if self._canaries is not None:
-            await self._canaries.start()
-
-    async def stop(self) -> None:
-        if self._canaries is not None:
-            await self._canaries.stop()
-
     async def load(self, name: str, override: dict[str, Any] | None = None) -> None:
         loop = asyncio.get_running_loop()
         try:  # reading the repository (or a remote one) is blocking I/O: off the event loop
@@ -82,14 +97,6 @@ class LocalScope:
 
     async def shadow(self, name: str, config: dict[str, Any] | None) -> None:
         self._shadows.set(name, parse_shadow(name, config))
-
-    async def canaries(self) -> dict[str, Any]:
-        return self._canaries.states() if self._canaries is not None else {}
-
-    async def canary(self, name: str, action: str) -> dict[str, Any]:
-        if self._canaries is None:
-            raise ModelNotFound(f"model {name!r} has no canary (canaries.{name} in the config)")
-        return await self._canaries.act(name, action)
 
     async def index(self) -> list[dict[str, str]]:
         index = []
@@ -133,7 +140,7 @@ class LocalScope:
         return {"metrics": self.metrics_now(), "process": process_stats()}
 
     async def metrics(self) -> str:
-        # prometheus-client is imported lazily, with the first scrape: a box never scraped saves 4.7 MiB
+        # a lazy import of prometheus-client, at the first scrape: a box never scraped saves 4.7 MiB
         from edgeinfer.exposition import exposition
 
         return exposition(self.metrics_now(), process_stats()).decode()

@@ -39,6 +39,14 @@ class HttpInference:
     def early(self, request: HttpRequest, name: str, version: str | None) -> HttpResponse | None:
         """Judge an inference request whose body is still arriving: its refusal, or None, and then the
         call judged stays with the request (``HttpRequest.context``) for ``infer``: judged once."""
+        judged = self._judged(request, name, version)
+        if isinstance(judged, HttpResponse):
+            return judged
+        request.context = judged
+        return None
+
+    def _judged(self, request: HttpRequest, name: str, version: str | None) -> InferenceCall | HttpResponse:
+        """The request's call, judged before its body is decoded, or the answer to its refusal."""
         again = self._refused_again(request, name, version)
         if again is not None:
             return again
@@ -46,19 +54,15 @@ class HttpInference:
         refusal = call.shed()
         if refusal is not None:
             return self._refused(refusal, call.outcome.request_id)
-        request.context = call
-        return None
+        return call
 
     def infer(self, request: HttpRequest, name: str, version: str | None) -> Answer:
         call = request.context
         if not isinstance(call, InferenceCall):  # not judged while its body arrived
-            again = self._refused_again(request, name, version)
-            if again is not None:
-                return again
-            call = self.service.call(self._head(request, name, version))
-            refusal = call.shed()
-            if refusal is not None:
-                return self._refused(refusal, call.outcome.request_id)
+            judged = self._judged(request, name, version)
+            if isinstance(judged, HttpResponse):
+                return judged
+            call = judged
         headers = request.headers
         if len(request.body) >= OFF_LOOP_BYTES and json_scan.available() and _all_json(headers):
             call.defer()

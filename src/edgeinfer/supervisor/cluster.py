@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.batching.stats import merge_statistics
-from edgeinfer.control.local import canaries_acting_on
+from edgeinfer.control.local import CanaryHost, canaries_acting_on
 from edgeinfer.control.scope import MUTATING
 from edgeinfer.dashboard import RECENT_ERRORS
-from edgeinfer.errors import EdgeInferError, ModelNotFound
+from edgeinfer.errors import EdgeInferError
 from edgeinfer.exposition import exposition, sum_process_stats
 from edgeinfer.metrics import Metrics, WorkerGauges, merge, process_stats
 from edgeinfer.model_config import CanaryConfig
@@ -44,7 +44,7 @@ class Worker:
     serve: asyncio.Future[None] | None = field(default=None, repr=False)
 
 
-class ClusterScope:
+class ClusterScope(CanaryHost):
     """``Scope`` over ``workers`` (the supervisor's list, read as it changes). ``own``: the supervisor's
     own metrics (its metrics port's and start-up responder's refusals), merged into every snapshot."""
 
@@ -62,15 +62,6 @@ class ClusterScope:
         # (family, model) -> (operation, arguments), in the order they were last done
         self._replay: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
         self._canaries = canaries_acting_on(self, canaries, state_dir) if canaries else None
-
-    async def start(self) -> None:
-        """Once every worker serves: resume or start the canaries."""
-        if self._canaries is not None:
-            await self._canaries.start()
-
-    async def stop(self) -> None:
-        if self._canaries is not None:
-            await self._canaries.stop()
 
     # ---- the fan-out ----
 
@@ -137,14 +128,6 @@ class ClusterScope:
 
     async def shadow(self, name: str, config: dict[str, Any] | None) -> None:
         await self._change("shadow", name, config=config)
-
-    async def canaries(self) -> dict[str, Any]:
-        return self._canaries.states() if self._canaries is not None else {}
-
-    async def canary(self, name: str, action: str) -> dict[str, Any]:
-        if self._canaries is None:
-            raise ModelNotFound(f"model {name!r} has no canary (canaries.{name} in the config)")
-        return await self._canaries.act(name, action)
 
     async def index(self) -> list[dict[str, str]]:
         return merge_indexes(await self._on_all("index"))
