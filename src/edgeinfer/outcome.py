@@ -40,6 +40,7 @@ class Outcome:
     """One inference request as it went: protocol, model, timings, rows and the error if it failed."""
 
     __slots__ = (
+        "decode_from",
         "decode_s",
         "encode_s",
         "ended",
@@ -69,6 +70,7 @@ class Outcome:
         self.version = version
         self.request_id = request_id
         self.started = time.perf_counter()
+        self.decode_from = self.started  # where its decode time counts from: its body was there
         self.ended = 0.0  # time.perf_counter() when it was answered or failed (0 until then)
         self.received_at = received_at
         self.error: BaseException | None = None

@@ -306,6 +306,11 @@ class InferenceCall:
             self._record(refusal)
         return refusal
 
+    def body_arrived(self) -> None:
+        """The call was begun and judged while the body arrived (``shed`` from the head): its decode
+        time counts from now, not from then."""
+        self.outcome.decode_from = time.perf_counter()
+
     def defer(self) -> None:
         """The transport decodes this request off the event loop (it comes back to ``decode`` later):
         until it is submitted or fails, the queue of the version judged before decoding counts it as
@@ -336,7 +341,7 @@ class InferenceCall:
             outcome.request_id = outcome.request_id or new_request_id()
             raise
         finally:
-            outcome.decode_s = time.perf_counter() - outcome.started
+            outcome.decode_s = time.perf_counter() - outcome.decode_from
         outcome.request_id = outcome.request_id or request.id or new_request_id()
         return request
 

@@ -166,3 +166,48 @@ def test_a_dropped_body_is_still_held_to_the_size_limit():
     assert refused[0] == 429
     assert rest == b"", "closed without another answer"
     assert recorder.handled == []
+
+
+def test_a_request_let_through_early_reaches_the_handler_as_the_same_object_with_its_body():
+    """What the early handler made of a request (``context``: the judged inference call) goes on with it:
+    the request is judged once, not again when its body has arrived."""
+    seen: list[HttpRequest] = []
+    asked = asyncio.Event()
+
+    class Carrying(Recorder):
+        def early(self, head: HttpRequest) -> HttpResponse | None:
+            head.context = ("judged", head.path)
+            seen.append(head)
+            asked.set()
+            return None
+
+        def handle(self, request: HttpRequest) -> HttpResponse | asyncio.Future[HttpResponse]:
+            seen.append(request)
+            return HttpResponse(200, repr(request.context).encode())
+
+    async def main() -> tuple[int, bytes, bytes]:
+        carrying = Carrying()
+        server = HttpServer(
+            carrying.handle,
+            lambda status, text: HttpResponse(status, text.encode()),
+            HttpLimits(max_body_bytes=1 << 20),
+            early=carrying.early,
+        )
+        listening = bind("127.0.0.1", 0)
+        await server.start(listening)
+        reader, writer = await asyncio.open_connection("127.0.0.1", listening.getsockname()[1])
+        try:
+            writer.write(head("/echo", 10) + b"01234")
+            await asyncio.wait_for(asked.wait(), 5)  # asked as the first part of the body is read
+            writer.write(b"56789")
+            return await response(reader)
+        finally:
+            writer.close()
+            await server.stop(timeout_s=1.0)
+
+    status, _, body = uvloop.run(main())
+    assert status == 200
+    assert body == b"('judged', '/echo')"
+    early, handled = seen
+    assert early is handled, "the head asked about early is the request handled"
+    assert handled.body == b"0123456789"

@@ -63,6 +63,8 @@ class HttpInference:
             if isinstance(judged, HttpResponse):
                 return judged
             call = judged
+        else:
+            call.body_arrived()
         headers = request.headers
         if len(request.body) >= OFF_LOOP_BYTES and json_scan.available() and _all_json(headers):
             call.defer()
