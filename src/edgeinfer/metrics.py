@@ -54,7 +54,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from edgeinfer.errors import (
     InvalidInput,
@@ -74,7 +74,20 @@ LATENCY_BUCKETS_S = (
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 STATUSES = ("success", "client_error", "rejected", "timeout", "superseded", "error")
 UNKNOWN_MODEL = "_unknown"  # requests for models that do not exist are counted here, not by name
-Snapshot = dict[str, Any]
+
+
+class Snapshot(TypedDict):
+    """One process's (or, merged, the whole server's) metrics as plain data: JSON-able, so that it
+    crosses the supervisor link as it is. ``models`` and ``shadows`` are keyed ``name\x00version``
+    (``name\x00candidate``), ``steps`` ``pipeline\x00step\x00model``, ``ladders`` by model."""
+
+    models: dict[str, dict[str, Any]]
+    loop_lag_s: float
+    limits: dict[str, int]
+    auth: dict[str, int]
+    shadows: dict[str, dict[str, Any]]
+    steps: dict[str, dict[str, Any]]
+    ladders: dict[str, dict[str, Any]]
 
 
 def status_label(error: BaseException | None) -> str:
@@ -392,7 +405,8 @@ def merge(snapshots: list[Snapshot]) -> Snapshot:
             known = [p95 for p95 in (mine["p95_s"], ladder["p95_s"]) if p95 is not None]
             mine["p95_s"] = max(known) if known else None
     lag = max((snapshot.get("loop_lag_s", 0.0) for snapshot in snapshots), default=0.0)
-    counts = {key: _sum_counts(snapshot.get(key, {}) for snapshot in snapshots) for key in ("limits", "auth")}
+    limits = _sum_counts(snapshot.get("limits", {}) for snapshot in snapshots)
+    auth = _sum_counts(snapshot.get("auth", {}) for snapshot in snapshots)
     shadows: dict[str, dict[str, Any]] = {}
     for snapshot in snapshots:
         for key, stats in snapshot.get("shadows", {}).items():
@@ -407,7 +421,8 @@ def merge(snapshots: list[Snapshot]) -> Snapshot:
                 _add_histogram(mine["duration"], stats["duration"])
             mine["over_budget"] += stats["over_budget"]
     return {
-        "models": models, "ladders": ladders, "loop_lag_s": lag, "shadows": shadows, "steps": steps, **counts
+        "models": models, "ladders": ladders, "loop_lag_s": lag, "shadows": shadows, "steps": steps,
+        "limits": limits, "auth": auth,
     }  # fmt: skip
 
 
