@@ -111,6 +111,11 @@ class Ladder:
     def observe(self, now: float, seconds: float) -> None:
         self._window.add(now, seconds)
 
+    @property
+    def stepped_down(self) -> bool:
+        """Whether requests go to the fallback now (as ``degraded`` last found; it checks no window)."""
+        return self._state.degraded
+
     def degraded(self, now: float) -> bool:
         if now - self._checked_at >= CHECK_EVERY_S:
             self._checked_at = now

@@ -45,7 +45,7 @@ class Router:
     def is_fallback(self, name: str, other: str) -> bool:
         """Whether ``other`` answers for ``name`` because ``name``'s ladder stepped down (else: a route)."""
         ladder = self._ladders.get(name)
-        return ladder is not None and ladder.fallback == other
+        return ladder is not None and ladder.fallback == other and ladder.stepped_down
 
     def pick(self, name: str, version: str | None = None) -> ModelVersion:
         """The version a request for ``name`` (and ``version``) is described by: the one named, else
