@@ -8,7 +8,7 @@ JSON request, through a transport that only keeps what is written: no sockets, n
 Without ``--callgrind`` it prints the answers and the microseconds a request took in process (as noisy
 as the host). With it, the same run goes under ``valgrind --tool=callgrind``, collecting only inside
 ``HttpConnection.data_received`` (from the HTTP bytes to the batch) and, in a second run, inside
-``V2Routes._reply`` (the answer), and prints the instructions per request of the compiled functions
+``HttpInference._reply`` (the answer), and prints the instructions per request of the compiled functions
 below each (docs/batching.md, "Counted in instructions"). Under valgrind the batch runs in a worker
 thread: ONNX Runtime's own instructions are in neither count.
 """
@@ -41,7 +41,7 @@ WARMUP = 200  # requests before the measured ones: the cost model and the runner
 LARGE_SLO_MS = 100_000.0  # valgrind runs some 50 times slower: an SLO it cannot miss
 TOGGLES = {
     "to the batch": "CPyPy_http_protocol___HttpConnection___data_received",
-    "the answer": "CPyDef_http___V2Routes____reply",
+    "the answer": "CPyDef_http_infer___HttpInference____reply",
 }
 
 

@@ -10,7 +10,16 @@ import pytest
 from edgeinfer.errors import ConfigError
 from edgeinfer.server.auth import GRPC_ROUTES
 from edgeinfer.server.http import MetricsRoutes, V2Routes
-from edgeinfer.server.http_routes import ALIASES, METRICS_PORT, OPEN, ROUTES, Route, RouteTable, describe
+from edgeinfer.server.http_routes import (
+    ALIASES,
+    METRICS_PORT,
+    OPEN,
+    PATHS_KEPT,
+    ROUTES,
+    Route,
+    RouteTable,
+    describe,
+)
 
 TABLE = RouteTable(ROUTES + ALIASES)
 DOCS = Path(__file__).parents[2] / "docs" / "protocol.md"
@@ -120,3 +129,18 @@ def test_docs_list_the_routes_of_the_table():
         text.index("```\n<!-- /routes -->"),
     )
     assert text[start:end].rstrip("\n") == describe(ROUTES), "docs/protocol.md's route list is the table's"
+
+
+def test_a_path_matched_again_gets_the_same_answer_and_new_paths_never_grow_the_table():
+    table = RouteTable(ROUTES)
+    first = table.match("POST", "/v2/models/m/infer")
+    assert table.match("POST", "/v2/models/m/infer") is first
+    for number in range(PATHS_KEPT * 3):
+        match = table.match("GET", f"/v2/models/model-{number}/ready")
+        assert match is not None
+        assert match.args == [f"model-{number}"]
+    assert table.match("GET", "/nowhere") is None
+    again = table.match("POST", "/v2/models/m/infer")
+    assert again is not None
+    assert again.route is not None
+    assert (again.route.handler, again.args) == ("infer", ["m"])

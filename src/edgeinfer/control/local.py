@@ -19,8 +19,9 @@ from edgeinfer.control.parsing import parse_route, parse_shadow
 from edgeinfer.control.scope import Scope
 from edgeinfer.dashboard import ErrorEntry, listed
 from edgeinfer.errors import ConfigError, InvalidInput, ModelNotFound
-from edgeinfer.metrics import Metrics, Snapshot, process_stats
+from edgeinfer.metrics import Metrics, Snapshot
 from edgeinfer.model_config import CanaryConfig
+from edgeinfer.process_stats import process_stats
 from edgeinfer.repository.registry import ModelVersion, Registry
 from edgeinfer.repository.residency import Residency
 from edgeinfer.repository.router import Router

@@ -15,6 +15,7 @@ from edgeinfer.errors import ConfigError
 from edgeinfer.server.auth import ROLES
 
 OPEN = "open"  # a route that needs no key (the status page's static file)
+PATHS_KEPT = 64  # matched paths remembered per method (``RouteTable.match``)
 Role = str | tuple[str, ...]
 
 
@@ -123,6 +124,10 @@ class RouteTable:
         self._root = _Node()
         for route in routes:
             self._add(route)
+        # by method, then path: the last PATHS_KEPT paths matched (a client sends a few over and over,
+        # and a walk costs more than a lookup); all dropped when one more comes, so new paths never
+        # cost memory
+        self._kept: dict[str, dict[str, Match | None]] = {}
 
     def _add(self, route: Route) -> None:
         where = f"route {route.method} {route.pattern}"
@@ -150,12 +155,20 @@ class RouteTable:
         node.by_method[route.method] = route
 
     def match(self, method: str, path: str) -> Match | None:
-        """The routes of ``path`` (None: no route has that path)."""
+        """The routes of ``path`` (None: no route has that path). The same ``Match`` is given again for
+        the same method and path: its ``args`` are read, never changed."""
+        kept = self._kept.get(method)
+        if kept is None:
+            kept = self._kept[method] = {}
+        elif path in kept:
+            return kept[path]
         args: list[str] = []
         node = _walk(self._root, _segments(path), 0, args)
-        if node is None:
-            return None
-        return Match(node.by_method.get(method), args, node.by_method)
+        match = None if node is None else Match(node.by_method.get(method), args, node.by_method)
+        if len(kept) >= PATHS_KEPT:
+            kept.clear()
+        kept[path] = match
+        return match
 
 
 def _walk(node: _Node, segments: list[str], at: int, args: list[str]) -> _Node | None:

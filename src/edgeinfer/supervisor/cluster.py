@@ -22,8 +22,9 @@ from edgeinfer.control.scope import MUTATING
 from edgeinfer.dashboard import RECENT_ERRORS
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.exposition import exposition, sum_process_stats
-from edgeinfer.metrics import Metrics, WorkerGauges, merge, process_stats
+from edgeinfer.metrics import Metrics, WorkerGauges, merge
 from edgeinfer.model_config import CanaryConfig
+from edgeinfer.process_stats import process_stats
 from edgeinfer.supervisor.ipc import Channel
 
 log = logging.getLogger(__name__)
