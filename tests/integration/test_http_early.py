@@ -38,9 +38,9 @@ class Recorder:
 Scenario = Callable[[asyncio.StreamReader, asyncio.StreamWriter, Recorder], Awaitable[Any]]
 
 
-def serve(scenario: Scenario) -> tuple[Any, Recorder]:
+def serve(scenario: Scenario, make: type[Recorder] = Recorder) -> tuple[Any, Recorder]:
     async def main() -> tuple[Any, Recorder]:
-        recorder = Recorder()
+        recorder = make()
         server = HttpServer(
             recorder.handle,
             lambda status, text: HttpResponse(status, text.encode()),
@@ -185,27 +185,13 @@ def test_a_request_let_through_early_reaches_the_handler_as_the_same_object_with
             seen.append(request)
             return HttpResponse(200, repr(request.context).encode())
 
-    async def main() -> tuple[int, bytes, bytes]:
-        carrying = Carrying()
-        server = HttpServer(
-            carrying.handle,
-            lambda status, text: HttpResponse(status, text.encode()),
-            HttpLimits(max_body_bytes=1 << 20),
-            early=carrying.early,
-        )
-        listening = bind("127.0.0.1", 0)
-        await server.start(listening)
-        reader, writer = await asyncio.open_connection("127.0.0.1", listening.getsockname()[1])
-        try:
-            writer.write(head("/echo", 10) + b"01234")
-            await asyncio.wait_for(asked.wait(), 5)  # asked as the first part of the body is read
-            writer.write(b"56789")
-            return await response(reader)
-        finally:
-            writer.close()
-            await server.stop(timeout_s=1.0)
+    async def scenario(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: Recorder) -> Any:
+        writer.write(head("/echo", 10) + b"01234")
+        await asyncio.wait_for(asked.wait(), 5)  # asked as the first part of the body is read
+        writer.write(b"56789")
+        return await response(reader)
 
-    status, _, body = uvloop.run(main())
+    (status, _, body), _ = serve(scenario, Carrying)
     assert status == 200
     assert body == b"('judged', '/echo')"
     early, handled = seen
